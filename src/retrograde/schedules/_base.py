@@ -1,0 +1,139 @@
+"""Schedules, storage levels, and the protocol for schedules whose step count is unknown."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from collections.abc import Iterator, Sequence
+
+from ._actions import Action
+
+__all__ = ["Level", "Schedule", "OfflineSchedule", "OnlineSchedule", "OnlineRun", "check_steps"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Level:
+    """One storage level for snapshots.
+
+    Args:
+        slots: number of snapshot slots on this level, or ``None`` for unlimited (only the last
+            level of a ``MultiLevel`` schedule may be unlimited).
+        write_cost: cost of one ``Store`` on this level, in units of one step evaluation.
+        read_cost: cost of one ``Restore`` on this level, in units of one step evaluation.
+        name: a label ("device", "host", "disk") used in tables and pictures.
+    """
+
+    slots: int | None
+    write_cost: float = 0.0
+    read_cost: float = 0.0
+    name: str = ""
+
+    def __post_init__(self):
+        if self.slots is not None:
+            if isinstance(self.slots, bool) or not isinstance(self.slots, int):
+                raise TypeError(f"Level(slots=...) must be an int or None, got {self.slots!r}.")
+            if self.slots < 1:
+                raise ValueError(
+                    f"Level(slots={self.slots}): a storage level needs at least one slot "
+                    "(use slots=None for an unlimited level, or drop the level)."
+                )
+        for name in ("write_cost", "read_cost"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0 or math.isnan(value):
+                raise ValueError(f"Level({name}={value!r}) must be a non-negative number.")
+
+
+def check_steps(n_steps: int, name: str = "n_steps") -> int:
+    """Validate a step count: a non-negative Python int."""
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int):
+        try:
+            import operator
+
+            n_steps = operator.index(n_steps)
+        except TypeError:
+            raise TypeError(f"{name} must be an int, got {n_steps!r}.") from None
+    if n_steps < 0:
+        raise ValueError(f"{name}={n_steps} is negative; a loop has zero or more steps.")
+    return int(n_steps)
+
+
+def check_snapshots(snapshots: int, name: str = "snapshots") -> int:
+    """Validate a snapshot count: an int >= 1 (the slot holding the initial state counts)."""
+    if isinstance(snapshots, bool) or not isinstance(snapshots, int):
+        raise TypeError(f"{name} must be an int >= 1, got {snapshots!r}.")
+    if snapshots < 1:
+        raise ValueError(
+            f"{name}={snapshots}: at least one snapshot slot is needed (the one that holds the "
+            "initial state). Use snapshots=1 for recompute-everything."
+        )
+    return snapshots
+
+
+class Schedule(abc.ABC):
+    """Base class of every checkpointing schedule.
+
+    A schedule is an immutable description; executing it is the business of a machine (the
+    simulator, the JAX loops, the host loop driver) that consumes its actions.
+    """
+
+    #: True for schedules that work without knowing the step count in advance.
+    online: bool = False
+
+    @property
+    def levels(self) -> tuple[Level, ...]:
+        """The storage levels this schedule uses (level 0 first). Default: one unlimited level."""
+        return (Level(None, name="memory"),)
+
+    def max_slots(self, n_steps: int) -> tuple[int, ...]:
+        """Upper bound on the slots used on each level for ``n_steps`` steps."""
+        return tuple(
+            (lvl.slots if lvl.slots is not None else max(n_steps, 1)) for lvl in self.levels
+        )
+
+
+class OfflineSchedule(Schedule):
+    """A schedule that is planned for a step count known before the loop runs."""
+
+    @abc.abstractmethod
+    def actions(self, n_steps: int) -> Iterator[Action]:
+        """Stream the actions that reverse ``n_steps`` steps, starting with ``u_0`` at hand.
+
+        Memory used to generate the stream is independent of ``n_steps``.
+        """
+
+
+class OnlineRun(abc.ABC):
+    """One execution of an online schedule.
+
+    Protocol: for ``n = 0, 1, 2, ...`` while the loop continues, with ``u_n`` at hand, call
+    :meth:`on_step` and execute the ``Store``/``Free`` actions it returns, then advance one step
+    (a plain evaluation). When the loop stops with ``u_N`` at hand, call :meth:`reverse` with ``N``
+    and execute the actions it streams (which end with ``End``).
+    """
+
+    @abc.abstractmethod
+    def on_step(self, n: int) -> Sequence[Action]:
+        """Actions (``Store``/``Free`` only) to execute with ``u_n`` at hand, before step ``n``."""
+
+    @abc.abstractmethod
+    def reverse(self, n_steps: int) -> Iterator[Action]:
+        """Actions that reverse the ``n_steps`` steps taken; ``u_{n_steps}`` is at hand."""
+
+
+class OnlineSchedule(Schedule):
+    """A schedule for loops whose step count is unknown until the forward sweep ends."""
+
+    online = True
+
+    @abc.abstractmethod
+    def start(self) -> OnlineRun:
+        """Begin one execution."""
+
+    def actions(self, n_steps: int) -> Iterator[Action]:  # pragma: no cover - error path
+        raise ValueError(
+            f"{type(self).__name__} is an online schedule: it is for loops whose step count is "
+            f"unknown in advance, and cannot be asked for a fixed n_steps={n_steps!r}. Use "
+            "schedule.start() (the online protocol), or an offline schedule such as "
+            "Revolve(snapshots) when the step count is known."
+        )

@@ -1,0 +1,96 @@
+"""Simple offline schedules: store everything, recompute everything, periodic snapshots."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+from ._actions import Action, Advance, End, Free, Record, Restore, Store
+from ._base import Level, OfflineSchedule, check_steps
+from ._revolve import Revolve
+
+__all__ = ["StoreAll", "RecomputeAll", "Periodic"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreAll(OfflineSchedule):
+    """Store every state during the forward sweep: ``N - 1`` plain evaluations, ``N - 1`` slots.
+
+    The fastest schedule and the most memory-hungry; what ``jax.lax.scan`` does by default.
+    """
+
+    def actions(self, n_steps: int) -> Iterator[Action]:
+        n_steps = check_steps(n_steps)
+        for n in range(n_steps - 1):
+            yield Store(n, n, 0)
+            yield Advance(n, n + 1)
+        if n_steps:
+            yield Record(n_steps - 1)
+        for n in range(n_steps - 2, -1, -1):
+            yield Restore(n, n, 0)
+            yield Record(n)
+            yield Free(n, n, 0)
+        yield End()
+
+
+@dataclasses.dataclass(frozen=True)
+class RecomputeAll(OfflineSchedule):
+    """Keep only the initial state: one slot, ``N(N-1)/2`` plain evaluations."""
+
+    @property
+    def levels(self) -> tuple[Level, ...]:
+        return (Level(1, name="memory"),)
+
+    def actions(self, n_steps: int) -> Iterator[Action]:
+        return Revolve(1).actions(n_steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class Periodic(OfflineSchedule):
+    """Snapshot every ``every``-th state in the forward sweep; in the reverse sweep recompute
+    each segment once, storing each of its states.
+
+    Slots: ``ceil(N / every) + every - 1`` at most. Plain evaluations: about ``2N``.
+    With ``every ~ sqrt(N)`` this is the classic "sqrt(N) memory" scheme.
+    """
+
+    every: int
+
+    def __post_init__(self):
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
+            raise ValueError(f"Periodic(every={self.every!r}): every must be an int >= 1.")
+
+    def max_slots(self, n_steps: int) -> tuple[int, ...]:
+        return (max(1, -(-n_steps // self.every) + self.every - 1),)
+
+    def actions(self, n_steps: int) -> Iterator[Action]:
+        n_steps = check_steps(n_steps)
+        k = self.every
+        starts = list(range(0, n_steps, k))
+        n_coarse = len(starts)
+        # Forward sweep: store each segment start; the last segment is reversed straight away.
+        for i, a in enumerate(starts):
+            yield Store(a, i, 0)
+            if i + 1 < n_coarse:
+                yield Advance(a, starts[i + 1])
+        for i in range(n_coarse - 1, -1, -1):
+            a = starts[i]
+            b = min(a + k, n_steps)
+            if i != n_coarse - 1:
+                yield Restore(a, i, 0)
+            # Recompute the segment once, storing every state in it (fine slots follow coarse).
+            for n in range(a, b - 1):
+                if n > a:
+                    yield Store(n, n_coarse + (n - a - 1), 0)
+                yield Advance(n, n + 1)
+            yield Record(b - 1)
+            for n in range(b - 2, a - 1, -1):
+                if n > a:
+                    yield Restore(n, n_coarse + (n - a - 1), 0)
+                    yield Record(n)
+                    yield Free(n, n_coarse + (n - a - 1), 0)
+                else:
+                    yield Restore(a, i, 0)
+                    yield Record(a)
+            yield Free(a, i, 0)
+        yield End()
