@@ -57,8 +57,12 @@ class Periodic(OfflineSchedule):
     every: int
 
     def __post_init__(self):
-        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
-            raise ValueError(f"Periodic(every={self.every!r}): every must be an int >= 1.")
+        if isinstance(self.every, bool) or not isinstance(self.every, int):
+            raise TypeError(f"Periodic(every={self.every!r}): every must be an int >= 1.")
+        if self.every < 1:
+            raise ValueError(
+                f"Periodic(every={self.every}): every must be >= 1 (every=1 stores every state)."
+            )
 
     def max_slots(self, n_steps: int) -> tuple[int, ...]:
         return (max(1, -(-n_steps // self.every) + self.every - 1),)

@@ -172,6 +172,10 @@ def simulate(schedule: Schedule, n_steps: int) -> Stats:
         >>> s = simulate(Revolve(10), 1000); (s.plain, s.recorded, s.peak_slots)
         (3636, 1000, (10,))
     """
+    if not isinstance(schedule, (OfflineSchedule, OnlineSchedule)):
+        raise TypeError(
+            f"simulate(schedule=...) expects a Schedule such as Revolve(10), got {schedule!r}."
+        )
     n_steps = check_steps(n_steps)
     levels = schedule.levels
     if isinstance(schedule, OnlineSchedule):
@@ -186,6 +190,4 @@ def simulate(schedule: Schedule, n_steps: int) -> Stats:
         for action in run.reverse(n_steps):
             m.run(action)
         return m.stats()
-    if not isinstance(schedule, OfflineSchedule):
-        raise TypeError(f"simulate expects a Schedule, got {schedule!r}.")
     return execute(schedule.actions(n_steps), n_steps, levels)
