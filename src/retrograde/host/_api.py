@@ -1,0 +1,323 @@
+"""Public functions: ``forward``, ``value_and_grad``, ``hvp``, ``jvp``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from ..schedules import Schedule
+from ._driver import ForwardPass, Grads, _copy_tree
+from ._step import Final, Running, Step, _cached, _JaxStep, as_losses, as_step, zeros_like_tree
+
+__all__ = ["forward", "value_and_grad", "hvp", "jvp", "HessianProduct", "Tangents"]
+
+tree_map = jax.tree_util.tree_map
+
+
+def forward(
+    step,
+    state0,
+    params,
+    n_steps: int | None,
+    *,
+    schedule: Schedule,
+    loss=None,
+    storage=None,
+    until: Callable[[int, Any], Any] | None = None,
+    progress: bool | None = None,
+) -> ForwardPass:
+    """Run the loop ``u_{n+1} = step(n, u_n, params)`` once, laying the schedule's snapshots.
+
+    Args:
+        step: a JAX function ``step(n, state, params) -> state`` or a :class:`Step`.
+        state0: the initial state ``u_0``, a pytree of arrays (never modified).
+        params: the parameters, a pytree (passed unchanged to every step).
+        n_steps: ``N``; ``None`` for a loop that stops when ``until`` says so (online schedules).
+        schedule: a :mod:`retrograde.schedules` schedule (``Revolve(s)``, ``StoreAll()``,
+            ``MultiLevel(...)``, an online schedule, ...).
+        loss: ``None``, a :class:`Running` or :class:`Final` term, or a tuple of them;
+            ``J = sum_{n=1..N} running(n, u_n, p) + final(N, u_N, p)``.
+        storage: where each schedule level keeps its snapshots: ``None`` (by level name: "disk"
+            levels on :class:`Disk`, others in :class:`Memory`), one store for all levels, a list
+            per level, or a mapping level index/name -> store.
+        until: ``until(n, u_n) -> bool``: stop before step ``n`` when true (needs an online
+            schedule; with ``n_steps`` as well, the loop stops at whichever comes first).
+        progress: ``None`` shows a tqdm bar when ``N >= 1000`` (or unknown) and stderr is a
+            terminal; ``True``/``False`` force it on/off.
+
+    Returns:
+        A :class:`ForwardPass` with ``.state`` (``u_N``), ``.value`` (``J``) and ``.vjp(...)``,
+        callable many times; close it (``with`` block) to release the snapshots.
+
+    Cost: the schedule's first sweep plus the steps from its end to ``N`` (one step for the
+    schedules shipped); memory: the snapshots of that sweep until closed, plus the snapshots of a
+    running ``vjp``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import retrograde.host as rh
+        >>> from retrograde.schedules import Revolve
+        >>> step = lambda n, u, a: u + 0.1 * jnp.sin(a * u)
+        >>> with rh.forward(step, jnp.ones(3), 2.0, 50, schedule=Revolve(4),
+        ...                 loss=rh.Final(lambda n, u, a: jnp.sum(u**2))) as fp:
+        ...     g1 = fp.vjp()                       # dJ/d(a, u0)
+        ...     g2 = fp.vjp(jnp.ones(3), loss_bar=0.0)   # d(sum u_N)/d(a, u0)
+    """
+    return ForwardPass(
+        as_step(step),
+        as_losses(loss),
+        state0,
+        params,
+        n_steps,
+        schedule=schedule,
+        storage=storage,
+        until=until,
+        progress=progress,
+    )
+
+
+def value_and_grad(
+    step,
+    loss,
+    state0,
+    params,
+    n_steps: int | None,
+    *,
+    schedule: Schedule,
+    storage=None,
+    until: Callable[[int, Any], Any] | None = None,
+    progress: bool | None = None,
+) -> tuple[float, Grads]:
+    """The loss ``J`` and its gradient, reversing the loop with ``schedule``.
+
+    Arguments as in :func:`forward`; ``loss`` is required (:class:`Running`, :class:`Final` or a
+    tuple of them).
+
+    Returns:
+        ``(J, Grads(params=dJ/dparams, state0=dJ/du_0))``.
+
+    Cost: the schedule's plain evaluations plus one, and ``N`` adjoint evaluations; all snapshots
+    (and any disk directory) are released before returning, also on an exception.
+
+    Example:
+        >>> import numpy as np
+        >>> import retrograde.host as rh
+        >>> from retrograde.schedules import Revolve
+        >>> step = rh.Step(lambda n, u, a: u + 0.1 * np.sin(a * u),
+        ...                lambda n, u, a, b: (b * (1 + 0.1 * a * np.cos(a * u)),
+        ...                                    np.sum(b * 0.1 * u * np.cos(a * u))))
+        >>> loss = rh.Final(lambda n, u, a: np.sum(u**2), grad=lambda n, u, a: (2 * u, 0.0))
+        >>> J, g = rh.value_and_grad(step, loss, np.ones(3), 2.0, 100, schedule=Revolve(5))
+    """
+    if loss is None:
+        raise ValueError(
+            "value_and_grad needs a loss: Running(f) (summed over steps), Final(f) (last state) "
+            "or a tuple of them."
+        )
+    with forward(
+        step, state0, params, n_steps, schedule=schedule, loss=loss, storage=storage,
+        until=until, progress=progress,
+    ) as fp:
+        grads = fp.vjp()
+        return fp.value, grads
+
+
+class HessianProduct(NamedTuple):
+    """Result of :func:`hvp`: ``value`` ``J``, ``grad`` (:class:`Grads`) and ``hvp``
+    (:class:`Grads`, the Hessian of ``J`` with respect to ``(params, state0)`` applied to the
+    direction)."""
+
+    value: float
+    grad: Grads
+    hvp: Grads
+
+
+class _AugLoss:
+    """Loss term of the tangent-augmented loop: value ``f`` (primal), gradient that of ``f_dot``."""
+
+    def __init__(self, term: Running | Final):
+        f = term.f
+        self.running = isinstance(term, Running)
+
+        def fdot(n, s, p):
+            return jax.jvp(lambda u, q: f(n, u, q), (s[0], p[0]), (s[1], p[1]))[1]
+
+        self._value = jax.jit(lambda n, s, p: f(n, s[0], p[0]))
+        self._grad = jax.jit(jax.grad(fdot, argnums=(1, 2)))
+
+    def value(self, n, state, params):
+        return float(self._value(n, state, params))
+
+    def grad(self, n, state, params):
+        return self._grad(n, state, params)
+
+
+def _augmented_step(fn):
+    def aug(n, s, p):
+        return jax.jvp(lambda u, q: fn(n, u, q), (s[0], p[0]), (s[1], p[1]))
+
+    return _JaxStep(aug)
+
+
+_AUG_STEPS: dict = {}
+_AUG_LOSSES: dict = {}
+
+
+def hvp(
+    step,
+    loss,
+    state0,
+    params,
+    n_steps: int | None,
+    params_dot,
+    state0_dot=None,
+    *,
+    schedule: Schedule,
+    storage=None,
+    until: Callable[[int, Any], Any] | None = None,
+    progress: bool | None = None,
+) -> HessianProduct:
+    """Hessian-vector product of ``J`` through the same schedule (JAX steps and losses only).
+
+    Forward-over-reverse: the schedule runs on the tangent-augmented step
+    ``(u, u_dot) -> jax.jvp(step)`` with the tangent of the loss, ``J_dot = <grad J, d>``; its
+    gradient is ``H d`` and, in the tangent slots, ``grad J`` itself.
+
+    Args:
+        params_dot, state0_dot: the direction ``d`` (``state0_dot=None``: zero).
+        the rest: as in :func:`value_and_grad`.
+
+    Returns:
+        :class:`HessianProduct` ``(value, grad, hvp)``, each gradient a :class:`Grads`.
+
+    Cost: like one :func:`value_and_grad` with steps about 3x as expensive; snapshots hold
+    ``(u, u_dot)``, twice the memory.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import retrograde.host as rh
+        >>> from retrograde.schedules import Revolve
+        >>> step = lambda n, u, a: u + 0.1 * jnp.sin(a * u)
+        >>> loss = rh.Final(lambda n, u, a: jnp.sum(u**2))
+        >>> r = rh.hvp(step, loss, jnp.ones(3), 2.0, 50, 1.0, schedule=Revolve(4))
+        >>> r.hvp.params       # d^2 J / da^2
+    """
+    if isinstance(step, Step) or not callable(step):
+        raise TypeError(
+            "hvp needs a JAX step function step(n, state, params) (second derivatives come from "
+            f"JAX); got {step!r}. For a hand-written Step, difference two value_and_grad calls."
+        )
+    terms = as_losses(loss)
+    if not terms:
+        raise ValueError("hvp needs a loss: Running(f), Final(f) or a tuple of them.")
+    for t in terms:
+        if not t.is_jax:
+            raise TypeError(
+                f"hvp needs JAX-differentiable loss terms (grad=None); {t.term!r} has a "
+                "hand-written grad."
+            )
+    aug_step = _cached(_AUG_STEPS, step, _augmented_step)
+    aug_losses = tuple(_cached(_AUG_LOSSES, t.term, _AugLoss) for t in terms)
+    s0 = _copy_tree(state0)
+    sd = zeros_like_tree(s0) if state0_dot is None else _copy_tree(state0_dot)
+    _check_same(s0, sd, "state0_dot", "state0")
+    _check_same(params, params_dot, "params_dot", "params")
+    pd = tree_map(lambda p, d: np.asarray(d, dtype=np.result_type(p)), params, params_dot)
+    sd = tree_map(lambda u, d: np.asarray(d, dtype=np.result_type(u)), s0, sd)
+    aug_until = None if until is None else (lambda n, s: until(n, s[0]))
+    with ForwardPass(
+        aug_step, aug_losses, (s0, sd), (params, pd), n_steps, schedule=schedule,
+        storage=storage, until=aug_until, progress=progress,
+    ) as fp:
+        g = fp.vjp()
+        value = fp.value
+    (h_p, g_p), (h_u, g_u) = g.params, g.state0
+    return HessianProduct(value, Grads(g_p, g_u), Grads(h_p, h_u))
+
+
+def _check_same(a, b, name_b, name_a):
+    da, db = jax.tree_util.tree_structure(a), jax.tree_util.tree_structure(b)
+    if da != db:
+        raise ValueError(f"{name_b} must have the structure of {name_a} ({da}); got {db}.")
+
+
+class Tangents(NamedTuple):
+    """Result of :func:`jvp`: final state and its tangent; loss value and its tangent (``None``
+    without a loss)."""
+
+    state: Any
+    state_dot: Any
+    value: float | None
+    value_dot: float | None
+
+
+def jvp(
+    step,
+    state0,
+    params,
+    n_steps: int | None,
+    state0_dot=None,
+    params_dot=None,
+    *,
+    loss=None,
+    until: Callable[[int, Any], Any] | None = None,
+) -> Tangents:
+    """Forward-mode derivative of the loop: no snapshots, ``O(1)`` extra memory.
+
+    Uses ``Step.jvp`` (required) for a hand-written step and ``jax.jvp`` for a JAX step; the loss
+    tangent is ``<grad f, (u_dot, params_dot)>`` summed like the loss.
+
+    Args:
+        state0_dot, params_dot: the tangent direction (``None``: zero).
+        n_steps, until, loss: as in :func:`forward` (no schedule is needed).
+
+    Returns:
+        :class:`Tangents` ``(state, state_dot, value, value_dot)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> import retrograde.host as rh
+        >>> t = rh.jvp(lambda n, u, a: u * a, jnp.ones(2), 0.5, 3, params_dot=1.0)
+        >>> t.state_dot      # d(u0 * a^3)/da = 3 a^2
+    """
+    impl = as_step(step)
+    losses = as_losses(loss)
+    if n_steps is None and until is None:
+        raise ValueError("jvp needs n_steps or until=lambda n, state: <stop?>.")
+    state = _copy_tree(state0)
+    sdot = zeros_like_tree(state) if state0_dot is None else _copy_tree(state0_dot)
+    pdot = zeros_like_tree(params) if params_dot is None else params_dot
+    _check_same(state, sdot, "state0_dot", "state0")
+    _check_same(params, pdot, "params_dot", "params")
+    J, Jdot = 0.0, 0.0
+
+    def dot(g, t):
+        return sum(float(np.sum(np.asarray(a) * np.asarray(b)))
+                   for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(t)))
+
+    def add_loss(n, L):
+        nonlocal J, Jdot
+        J += L.value(n, state, params)
+        gs, gp = L.grad(n, state, params)
+        Jdot += dot(gs, sdot) + dot(zeros_like_tree(params) if _is_zero(gp) else gp, pdot)
+
+    n = 0
+    while (n_steps is None or n < n_steps) and not (until is not None and bool(until(n, state))):
+        state, sdot = impl.jvp(n, state, params, sdot, pdot)
+        n += 1
+        for L in losses:
+            if L.running:
+                add_loss(n, L)
+    for L in losses:
+        if not L.running:
+            add_loss(n, L)
+    if losses:
+        return Tangents(_copy_tree(state), _copy_tree(sdot), J, Jdot)
+    return Tangents(_copy_tree(state), _copy_tree(sdot), None, None)
+
+
+def _is_zero(x):
+    return isinstance(x, (int, float)) and x == 0
