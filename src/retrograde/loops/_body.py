@@ -1,0 +1,174 @@
+"""A loop body as a closed jaxpr, and its JVP and batched versions.
+
+A :class:`Body` is the step ``(consts, carry, x) -> (carry, y)`` of a loop, flattened into leaves:
+``nc`` constants (closed-over values, parameters), ``nk`` carry leaves and ``nx`` per-step input
+leaves in, ``nk`` carry leaves and ``ny`` per-step output leaves out.
+
+:func:`jvp_body` builds the tangent-augmented body ``(z, z_dot) -> (step(z), d step(z) . z_dot)``
+in group layout (each group's primal leaves, then the tangents of the leaves selected by a mask),
+and remembers its parent, so that the transpose rules can recognise the tangent half of an input.
+:func:`batch_body` builds the body vmapped over a leading axis of every input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+from jax._src.interpreters import ad
+from jax._src.interpreters import partial_eval as pe
+from jax.extend import core as jex_core
+
+Mask = tuple[bool, ...]
+
+
+def split(seq: Sequence, sizes: Sequence[int]) -> list[list]:
+    """Split ``seq`` into consecutive lists of the given sizes (the rest, if any, is dropped)."""
+    out, i = [], 0
+    for n in sizes:
+        out.append(list(seq[i : i + n]))
+        i += n
+    return out
+
+
+def is_float(aval) -> bool:
+    """Whether leaves of this abstract value get tangents and cotangents."""
+    return jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact)
+
+
+def _sds(aval, lead: tuple[int, ...] = ()) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(lead + tuple(aval.shape), aval.dtype)
+
+
+class Body:
+    """The step of a loop as a closed jaxpr ``(consts, carry, x) -> (carry, y)``.
+
+    Hashable by identity (it is a primitive parameter). ``parent`` and ``masks`` are set when this
+    body is ``jvp_body(parent, *masks)``: then each group of leaves is the parent's leaves followed
+    by the tangents of the parent leaves where the group's mask is True.
+    """
+
+    __slots__ = (
+        "jaxpr", "nc", "nk", "nx", "ny", "parent", "masks", "_jvp_cache", "_batch_cache",
+        "__weakref__",
+    )
+
+    def __init__(self, jaxpr, nc: int, nk: int, nx: int, parent: Body | None = None,
+                 masks: tuple[Mask, Mask, Mask, Mask] | None = None):
+        self.jaxpr = jaxpr
+        self.nc, self.nk, self.nx = nc, nk, nx
+        self.ny = len(jaxpr.out_avals) - nk
+        self.parent = parent
+        self.masks = masks  # (consts, carry, xs, ys) masks of the parent's leaves
+        self._jvp_cache: dict = {}
+        self._batch_cache: dict = {}
+
+    # Abstract values of each group.
+    @property
+    def const_avals(self):
+        return self.jaxpr.in_avals[: self.nc]
+
+    @property
+    def carry_avals(self):
+        return self.jaxpr.in_avals[self.nc : self.nc + self.nk]
+
+    @property
+    def x_avals(self):
+        return self.jaxpr.in_avals[self.nc + self.nk :]
+
+    @property
+    def y_avals(self):
+        return self.jaxpr.out_avals[self.nk :]
+
+    @property
+    def effects(self):
+        return self.jaxpr.effects
+
+    def __call__(self, consts, carry, x):
+        """Evaluate one step: returns ``(carry, y)`` as lists of leaves."""
+        out = jex_core.jaxpr_as_fun(self.jaxpr)(*consts, *carry, *x)
+        return list(out[: self.nk]), list(out[self.nk :])
+
+    def __repr__(self):
+        depth, b = 0, self
+        while b.parent is not None:
+            depth, b = depth + 1, b.parent
+        return f"Body(nc={self.nc}, nk={self.nk}, nx={self.nx}, ny={self.ny}, jvp_depth={depth})"
+
+
+def make_body(closed_jaxpr, nk: int, nx: int) -> tuple[Body, list]:
+    """Closure-convert a traced step: its constants become leading inputs.
+
+    Returns the body and the constant values (possibly tracers of an outer transformation, which
+    is how closed-over parameters get derivatives).
+    """
+    consts = list(closed_jaxpr.consts)
+    jaxpr = pe.convert_constvars_jaxpr(closed_jaxpr.jaxpr)
+    closed = jex_core.ClosedJaxpr(jaxpr, ())
+    return Body(closed, len(consts), nk, nx), consts
+
+
+def jvp_body(body: Body, mc: Mask, mk: Mask, mx: Mask) -> tuple[Body, Mask, Mask]:
+    """The tangent-augmented body for tangents on the leaves selected by the masks.
+
+    The carry mask is widened to a fixed point (a carry leaf whose tangent becomes nonzero after
+    one step must carry a tangent from the start). Returns ``(child, carry_mask, y_mask)``.
+    Memoised per body and masks.
+    """
+    key = (mc, mk, mx)
+    hit = body._jvp_cache.get(key)
+    if hit is not None:
+        return hit
+    nc, nk, nx, ny = body.nc, body.nk, body.nx, body.ny
+    fk = tuple(is_float(a) for a in body.carry_avals)
+    mk_fix = tuple(m and f for m, f in zip(mk, fk))
+    while True:
+        _, out_nz = ad.jvp_jaxpr(body.jaxpr, [*mc, *mk_fix, *mx], instantiate=False)
+        new = tuple(a or (b and f) for a, b, f in zip(mk_fix, out_nz[:nk], fk))
+        if new == mk_fix:
+            break
+        mk_fix = new
+    jaxpr_jvp, out_nz = ad.jvp_jaxpr(
+        body.jaxpr, [*mc, *mk_fix, *mx], instantiate=[*mk_fix, *([False] * ny)]
+    )
+    my = tuple(bool(b) for b in out_nz[nk:])
+    sizes_in = [nc, sum(mc), nk, sum(mk_fix), nx, sum(mx)]
+    n_kt, n_yt = sum(mk_fix), sum(my)
+
+    def augmented(*args):
+        c, cd, k, kd, x, xd = split(args, sizes_in)
+        out = jex_core.jaxpr_as_fun(jaxpr_jvp)(*c, *k, *x, *cd, *kd, *xd)
+        kp, yp, kt, yt = split(out, [nk, ny, n_kt, n_yt])
+        return [*kp, *kt, *yp, *yt]
+
+    def tangent_avals(avals, mask):
+        return [a.to_tangent_aval() for a, m in zip(avals, mask) if m]
+
+    avals = [
+        *body.const_avals, *tangent_avals(body.const_avals, mc),
+        *body.carry_avals, *tangent_avals(body.carry_avals, mk_fix),
+        *body.x_avals, *tangent_avals(body.x_avals, mx),
+    ]
+    closed = jax.make_jaxpr(augmented)(*[_sds(a) for a in avals])
+    child = Body(
+        closed, nc + sum(mc), nk + n_kt, nx + sum(mx),
+        parent=body, masks=(mc, mk_fix, mx, my),
+    )
+    result = (child, mk_fix, my)
+    body._jvp_cache[key] = result
+    return result
+
+
+def batch_body(body: Body, size: int) -> Body:
+    """The body vmapped over a new leading axis of size ``size`` on every input and output."""
+    hit = body._batch_cache.get(size)
+    if hit is not None:
+        return hit
+    fun = jex_core.jaxpr_as_fun(body.jaxpr)
+    closed = jax.make_jaxpr(jax.vmap(lambda *a: fun(*a)))(
+        *[_sds(a, (size,)) for a in body.jaxpr.in_avals]
+    )
+    parent = batch_body(body.parent, size) if body.parent is not None else None
+    child = Body(closed, body.nc, body.nk, body.nx, parent=parent, masks=body.masks)
+    body._batch_cache[size] = child
+    return child

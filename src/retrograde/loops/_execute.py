@@ -1,0 +1,147 @@
+"""The compiled programs behind the primitives: forward sweep, and schedule-driven adjoint.
+
+Everything here is traced inside a primitive's lowering, so it only uses ``jax.lax``. Costs, for a
+loop of ``N`` steps and a schedule with ``t`` plain evaluations and ``S`` device slots:
+
+- :func:`forward`: ``N`` plain evaluations; memory: the carry, the ``ys`` (``O(N)`` by nature)
+  and, with ``save``, ``S`` snapshots plus the state ``u_{N-1}``.
+- :func:`adjoint`: from saved snapshots ``t - (N - 1)`` plain and ``N`` recorded evaluations,
+  otherwise ``t`` plain and ``N`` recorded; memory: ``S`` snapshots, the carry and its cotangent,
+  one step's VJP working set, and the cotangents of ``xs`` (``O(N)`` by nature, only if ``xs``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ._body import Body, is_float
+from ._plan import Plan
+
+
+def _slice(xs, n):
+    return [lax.dynamic_index_in_dim(x, n, 0, keepdims=False) for x in xs]
+
+
+def _put(buffers, values, n):
+    return [lax.dynamic_update_index_in_dim(b, v, n, 0) for b, v in zip(buffers, values)]
+
+
+def _zeros(avals, lead=()):
+    return [jnp.zeros(lead + tuple(a.shape), a.dtype) for a in avals]
+
+
+def forward(body: Body, plan: Plan, consts, carry, xs, save: bool):
+    """Run all ``N`` steps. Returns ``(carry_N, ys, slots, cur)``; ``slots`` holds the first
+    sweep's snapshots and ``cur`` is ``u_{N-1}`` (both empty lists unless ``save``)."""
+    n = plan.length
+    ys = _zeros(body.y_avals, (n,))
+    slots = _zeros(body.carry_avals, (plan.n_slots,)) if save else []
+    if n == 0:
+        return list(carry), ys, slots, (list(carry) if save else [])
+    steps = jnp.asarray(list(plan.store_steps) + [n], jnp.int32)
+    where = jnp.asarray(list(plan.store_slots) + [0], jnp.int32)
+
+    def one(i, state):
+        carry, ys, slots, ptr = state
+        if save:
+            hit = steps[ptr] == i
+            slots = lax.cond(
+                hit, lambda s: _put(s, carry, where[ptr]), lambda s: list(s), slots
+            )
+            ptr = ptr + hit.astype(jnp.int32)
+        new, y = body(consts, carry, _slice(xs, i))
+        return new, _put(ys, y, i), slots, ptr
+
+    state = (list(carry), ys, slots, jnp.int32(0))
+    state = lax.fori_loop(0, n - 1, one, state)
+    cur = list(state[0]) if save else []
+    carry, ys, slots, _ = one(n - 1, state)
+    return carry, ys, slots, cur
+
+
+def _advance(body: Body, consts, xs, cur, a, b):
+    return lax.fori_loop(a, b, lambda i, c: body(consts, c, _slice(xs, i))[0], cur)
+
+
+def adjoint(body: Body, plan: Plan, consts, carry0, xs, ck, carry_bar, ys_bar, ymask):
+    """Execute the schedule's reverse sweep (from ``ck = (slots, cur)``) or its whole stream
+    (``ck is None``), and return the cotangents of the float leaves of consts, carry_0 and xs.
+
+    ``carry_bar`` holds one cotangent per float carry leaf; ``ys_bar`` one per float ``y`` leaf
+    whose ``ymask`` entry is True (the others are zero and never materialised).
+    """
+    fc = [is_float(a) for a in body.const_avals]
+    fk = [is_float(a) for a in body.carry_avals]
+    fx = [is_float(a) for a in body.x_avals]
+    fy = [is_float(a) for a in body.y_avals]
+    n = plan.length
+    consts_bar = [jnp.zeros_like(c) for c, f in zip(consts, fc) if f]
+    xs_bar = [jnp.zeros_like(x) for x, f in zip(xs, fx) if f]
+    if n == 0:
+        return consts_bar, list(carry_bar), xs_bar
+    if ck is None:
+        rows = plan.rows
+        slots = _zeros(body.carry_avals, (plan.n_slots,))
+        cur = list(carry0)
+    else:
+        rows = plan.rows[plan.first_record :]
+        slots, cur = list(ck[0]), list(ck[1])
+    table = jnp.asarray(rows, jnp.int32)
+    y_avals_f = [a for a, f in zip(body.y_avals, fy) if f]
+    ybar_of = iter(ys_bar)
+    ybar_full = [next(ybar_of) if m else None for m in ymask]
+
+    def merge(float_vals, all_vals, flags):
+        it = iter(float_vals)
+        return [next(it) if f else v for v, f in zip(all_vals, flags)]
+
+    def record(i, cur, slots, kbar, cbar, xbar):
+        x = _slice(xs, i)
+        ybar_i = [
+            lax.dynamic_index_in_dim(yb, i, 0, keepdims=False) if yb is not None
+            else jnp.zeros(a.shape, a.dtype)
+            for yb, a in zip(ybar_full, y_avals_f)
+        ]
+
+        def f(c_f, k_f, x_f):
+            k_new, y = body(merge(c_f, consts, fc), merge(k_f, cur, fk), merge(x_f, x, fx))
+            return (
+                [v for v, f in zip(k_new, fk) if f],
+                [v for v, f in zip(y, fy) if f],
+            )
+
+        c_f = [c for c, f in zip(consts, fc) if f]
+        k_f = [c for c, f in zip(cur, fk) if f]
+        x_f = [v for v, f in zip(x, fx) if f]
+        _, pullback = jax.vjp(f, c_f, k_f, x_f)
+        dc, dk, dx = pullback((list(kbar), ybar_i))
+        cbar = [a + b for a, b in zip(cbar, dc)]
+        xbar = _put(xbar, dx, i)
+        return cur, slots, list(dk), cbar, xbar
+
+    def branch_advance(a, b, state):
+        cur, slots, kbar, cbar, xbar = state
+        return _advance(body, consts, xs, cur, a, b), slots, kbar, cbar, xbar
+
+    def branch_store(a, b, state):
+        cur, slots, kbar, cbar, xbar = state
+        return cur, _put(slots, cur, b), kbar, cbar, xbar
+
+    def branch_restore(a, b, state):
+        cur, slots, kbar, cbar, xbar = state
+        return _slice(slots, b), slots, kbar, cbar, xbar
+
+    def branch_record(a, b, state):
+        return record(a, *state)
+
+    branches = [branch_advance, branch_store, branch_restore, branch_record]
+
+    def loop(r, state):
+        op, a, b = table[r, 0], table[r, 1], table[r, 2]
+        return lax.switch(op, branches, a, b, state)
+
+    state = (cur, slots, list(carry_bar), consts_bar, xs_bar)
+    _, _, kbar, cbar, xbar = lax.fori_loop(0, table.shape[0], loop, state)
+    return cbar, kbar, xbar
