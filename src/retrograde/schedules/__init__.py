@@ -11,11 +11,12 @@ from ._optimum import beta, repetition_number, revolve_optimum
 from ._revolve import Revolve
 from ._simple import Periodic, RecomputeAll, StoreAll
 from ._simulate import ScheduleError, Stats, execute, simulate
+from ._online import Online
 
 __all__ = [
     "Action", "Advance", "End", "Free", "Record", "Restore", "Store",
     "Level", "OfflineSchedule", "OnlineRun", "OnlineSchedule", "Schedule",
     "beta", "repetition_number", "revolve_optimum",
-    "Revolve", "Periodic", "RecomputeAll", "StoreAll",
+    "Revolve", "Periodic", "RecomputeAll", "StoreAll", "Online",
     "ScheduleError", "Stats", "execute", "simulate",
 ]
