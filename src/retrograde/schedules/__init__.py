@@ -12,11 +12,12 @@ from ._revolve import Revolve
 from ._simple import Periodic, RecomputeAll, StoreAll
 from ._simulate import ScheduleError, Stats, execute, simulate
 from ._online import Online
+from ._multilevel import MultiLevel
 
 __all__ = [
     "Action", "Advance", "End", "Free", "Record", "Restore", "Store",
     "Level", "OfflineSchedule", "OnlineRun", "OnlineSchedule", "Schedule",
     "beta", "repetition_number", "revolve_optimum",
-    "Revolve", "Periodic", "RecomputeAll", "StoreAll", "Online",
+    "Revolve", "Periodic", "RecomputeAll", "StoreAll", "Online", "MultiLevel",
     "ScheduleError", "Stats", "execute", "simulate",
 ]

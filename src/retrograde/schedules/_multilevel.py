@@ -1,0 +1,427 @@
+"""Checkpointing across storage levels: ``MultiLevel`` (Disk-Revolve / H-Revolve style).
+
+Sources: Aupy, Herrmann, Hovland & Robert, "Optimal multistage algorithm for adjoint
+computation", SISC 38(3) 2016 (Disk-Revolve); Herrmann & Pallez, "H-Revolve", ACM TOMS 46(2)
+2020; Stumm & Walther, SISC 31(3) 2009 (multistage heuristic).
+
+Structure of a plan (all costs in units of one plain step times ``forward_cost``):
+
+* ``M(n)``: reverse ``n`` steps with level 0 only: store the start on level 0 and run Revolve's
+  binomial schedule with ``s0`` slots. ``M(n) = u_f t(n, s0) + w_0 (1 + stores) + r_0 (n - 1)``
+  (every schedule restores exactly ``n - 1`` times), ``M(1) = 0`` (a single step is recorded
+  straight away, nothing is stored).
+* ``B_k(n)`` (1-D Revolve, Aupy et al.): the start is at hand *and* held on a slow level ``k``
+  (every re-read costs ``r_k``), all of level 0 is free::
+
+      B_k(n) = min( M(n),  min_{1<=j<n} u_f j + M(n - j) + r_k + B_k(j) )
+
+* the *chain* (the forward sweep of Disk-Revolve): ``u_0`` and later states ``u_{p_i}`` are written
+  to slow levels, the last segment is reversed with level 0 only, then every earlier segment is
+  restored from its slow level and reversed by ``B_k``. A segment of length ``j`` on level ``k``
+  costs ``seg_k(j) = w_k + u_f j + r_k + B_k(j)``; with an unlimited last level ``K-1``::
+
+      U(n) = min( M(n),  min_j seg_{K-1}(j) + U(n - j) )
+
+  and limited levels ``k >= 1`` add a count of held chain slots per level (a layered DP).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import functools
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from ._actions import Action, Advance, End, Free, Record, Restore, Store
+from ._base import Level, OfflineSchedule, check_steps
+from ._revolve import Revolve, _reverse, revolve_split
+
+__all__ = ["MultiLevel"]
+
+# Longest chain segment tabulated for the 1-D problem (its table costs O(J^2) element-operations).
+_J_CAP = 8192
+# Budgets for the layered DP over limited slow levels (array cells, element-operations).
+_CELL_BUDGET = 4_000_000
+_WORK_BUDGET = 300_000_000
+_TOL = 1e-9
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiLevel(OfflineSchedule):
+    """Offline checkpointing across storage levels with slot counts and write/read costs.
+
+    Level 0 is the fastest (e.g. device memory), later levels slower (host memory, disk); only
+    the last level may be unlimited (``slots=None``). The total cost minimised is the one
+    :class:`~retrograde.schedules.Stats` reports::
+
+        plain * forward_cost + N * adjoint_cost + sum_k (writes_k * write_cost_k
+                                                         + reads_k * read_cost_k)
+
+    **Cost convention** (the one that reproduces Aupy et al.'s Disk-Revolve figures): ``u_0`` is
+    at hand at the start and is not stored anywhere yet; the schedule stores it where the optimum
+    says, paying that level's write cost like any other ``Store``. With memory only it goes to
+    level 0 (slot 0, as in :class:`Revolve`); with a cheap enough disk it is written to disk (one
+    ``w_d``) so that all level-0 slots are free for the segments. Restoring a state costs the read
+    cost of the level it is restored from, also right after it was written; a one-step loop stores
+    nothing. Keeping ``u_0`` pinned in a level-0 slot instead gives 2991 / 3273 / 4043 in the
+    example below (not 3246 / 4014).
+
+    **Optimality.** Proven-optimal cases (the dynamic programme equals the Disk-Revolve / H-Revolve
+    optimum, and was checked against an exhaustive DP over all recursive multi-level schedules):
+
+    * one level with zero costs: Revolve (``t(N, s)`` plain evaluations);
+    * two levels, level 0 with zero costs, level 1 unlimited (Disk-Revolve), as long as no chain
+      segment longer than 8192 steps could pay off (always the case unless ``w_1 + r_1`` is
+      thousands of steps).
+
+    Otherwise (nonzero level-0 costs, a limited slow level, three or more levels) the plan is the
+    best of (a) the chain DP above with per-level slot counts (level-0 segments use Revolve) and
+    (b) Stumm & Walther's multistage heuristic: Revolve with all limited slots, the most-read slots
+    on the fastest levels. Both are valid; (a) always contains Revolve on level 0 alone, so the
+    cost never exceeds ``Revolve(levels[0].slots)``'s cost under level 0's costs.
+
+    **Generation cost.** ``O(N)`` memory for the tables; time ``O(N |C| + J^2)`` where ``J`` is the
+    longest useful chain segment and ``C`` the candidate segment lengths (about 0.1-1 s at
+    ``N = 1e5``); limited slow levels multiply by their capped slot counts; nonzero level-0 write
+    costs add ``O(N s0)`` Python steps. Plans are cached per ``(schedule, N)``.
+
+    Args:
+        levels: the storage levels, fastest first (at least one).
+        forward_cost: cost of one plain step (``> 0``), the unit of the levels' costs.
+        adjoint_cost: cost of one recorded step (``>= 0``); does not change the plan.
+
+    Example (Aupy et al.'s example: ``N = 1001``, 10 memory slots, unlimited disk):
+        >>> from retrograde.schedules import Level, MultiLevel, simulate
+        >>> disk = MultiLevel([Level(10), Level(None, write_cost=2, read_cost=2)])
+        >>> simulate(disk, 1001).cost, MultiLevel([Level(10)]).cost(1001)
+        (3246.0, 4641.0)
+    """
+
+    levels: tuple[Level, ...] = ()  # type: ignore[assignment]
+    forward_cost: float = 1.0
+    adjoint_cost: float = 1.0
+
+    def __post_init__(self):
+        levels = self.levels
+        if isinstance(levels, Level):
+            raise TypeError(
+                "MultiLevel(levels=...) takes a sequence of Level; wrap a single level in a "
+                "list: MultiLevel([Level(10)])."
+            )
+        try:
+            levels = tuple(levels)
+        except TypeError:
+            raise TypeError(
+                f"MultiLevel(levels={levels!r}) must be a sequence of Level, fastest first."
+            ) from None
+        if not levels:
+            raise ValueError(
+                "MultiLevel(levels=()) needs at least one storage level, e.g. "
+                "MultiLevel([Level(10), Level(None, write_cost=2, read_cost=2)])."
+            )
+        for i, lvl in enumerate(levels):
+            if not isinstance(lvl, Level):
+                raise TypeError(f"MultiLevel(levels=...)[{i}] must be a Level, got {lvl!r}.")
+            if lvl.slots is None and i != len(levels) - 1:
+                raise ValueError(
+                    f"MultiLevel(levels=...)[{i}] is unlimited (slots=None) but is not the last "
+                    "level; only the last (slowest) level may be unlimited. Give it a slot count "
+                    "or move it to the end."
+                )
+        object.__setattr__(self, "levels", levels)
+        for name, lo, strict in (("forward_cost", 0.0, True), ("adjoint_cost", 0.0, False)):
+            value = getattr(self, name)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            ok = ok and math.isfinite(value) and (value > lo if strict else value >= lo)
+            if not ok:
+                bound = "> 0" if strict else ">= 0"
+                raise ValueError(f"MultiLevel({name}={value!r}) must be a finite number {bound}.")
+
+    def cost(self, n_steps: int) -> float:
+        """The total cost of the plan for ``n_steps`` steps: what ``simulate(self, n_steps)``
+        reports as ``total_cost(forward_cost, adjoint_cost)``."""
+        n_steps = check_steps(n_steps)
+        return _plan(self.levels, float(self.forward_cost), n_steps).cost + (
+            n_steps * self.adjoint_cost
+        )
+
+    def actions(self, n_steps: int) -> Iterator[Action]:
+        n_steps = check_steps(n_steps)
+        if n_steps:
+            plan = _plan(self.levels, float(self.forward_cost), n_steps)
+            if plan.slot_map is not None:
+                yield from _emit_multistage(plan, n_steps)
+            else:
+                yield from _emit_chain(plan, n_steps)
+        yield End()
+
+
+# ----------------------------------------------------------------------------------- planning
+
+
+@dataclasses.dataclass
+class _Plan:
+    cost: float  # plain * forward_cost + transfers (recorded steps excluded)
+    s0: int
+    chain: list  # [(segment length, level)] in forward order
+    one_d: dict  # level -> choice table of B_level (0: copy to level 0, j: split at j)
+    slot_map: list | None = None  # multistage: Revolve slot -> (level, slot)
+    snapshots: int = 0  # multistage: Revolve's slot count
+
+
+def _binomial(n_max: int, s: int) -> tuple[np.ndarray, np.ndarray]:
+    """``t(n, s)`` and ``r(n, s)`` for ``n = 0..n_max`` (``t(n) - t(n-1) = r(n)``)."""
+    rep = np.zeros(n_max + 1, dtype=np.int64)
+    r, lo, hi = 0, 0, 1  # band (beta(s, r-1), beta(s, r)] has repetition number r
+    while hi < n_max:
+        r += 1
+        lo, hi = hi, hi * (s + r) // r
+        rep[lo + 1 : min(hi, n_max) + 1] = r
+    return np.cumsum(rep), rep
+
+
+def _revolve_stores(n_max: int, s0: int) -> np.ndarray:
+    """Stores (after the first) of ``_reverse(n, min(s0, n))`` for ``n = 0..n_max``.
+
+    ``W_s(n) = 1 + W_{s-1}(n - j) + W_s(j)`` with ``j`` from :func:`revolve_split`, and
+    ``W_s(n) = n - 1`` when ``s >= n`` (every state is stored). ``O(n_max * s0)`` Python steps.
+    """
+    below = np.zeros(n_max + 1, dtype=np.int64)  # s = 1: no stores
+    for s in range(2, s0 + 1):
+        w = np.maximum(np.arange(n_max + 1) - 1, 0)
+        for n in range(s + 1, n_max + 1):
+            j, _ = revolve_split(n, s)
+            w[n] = 1 + below[n - j] + w[j]
+        below = w
+    if s0 == 1:
+        return below
+    out = below.copy()
+    small = np.arange(min(s0, n_max) + 1)
+    out[small] = np.maximum(small - 1, 0)
+    return out
+
+
+def _one_d(m_cost: np.ndarray, j_max: int, uf: float, rk: float) -> tuple[np.ndarray, np.ndarray]:
+    """``B_k(n)`` for ``n <= j_max`` and its choices (0: copy the start to level 0)."""
+    b = np.zeros(j_max + 1)
+    choice = np.zeros(j_max + 1, dtype=np.int64)
+    x = np.zeros(j_max + 1)  # x[j] = u_f j + r_k + B(j)
+    if j_max >= 1:
+        x[1] = uf + rk
+    for n in range(2, j_max + 1):
+        vals = x[1:n] + m_cost[n - 1 : 0 : -1]  # j = 1..n-1: x[j] + M(n - j)
+        i = int(vals.argmin())
+        if vals[i] < m_cost[n] - _TOL:
+            b[n], choice[n] = vals[i], i + 1
+        else:
+            b[n] = m_cost[n]
+        x[n] = uf * n + rk + b[n]
+    return b, choice
+
+
+@functools.lru_cache(maxsize=16)
+def _plan(levels: tuple[Level, ...], uf: float, n: int) -> _Plan:
+    lvl0 = levels[0]
+    s0 = min(lvl0.slots if lvl0.slots is not None else n, max(n, 1))
+    w0, r0 = lvl0.write_cost, lvl0.read_cost
+    steps = np.arange(n + 1)
+    t0, _ = _binomial(n, s0)
+    m_cost = uf * t0.astype(float) + r0 * np.maximum(steps - 1, 0)
+    if w0:
+        m_cost += w0 * (1 + _revolve_stores(n, s0))
+    m_cost[:2] = 0.0
+    if len(levels) == 1 or n <= 1:
+        return _Plan(float(m_cost[n]), s0, [], {})
+
+    # Candidate segment lengths and 1-D tables for each slow level.
+    t1, rep1 = _binomial(n, s0 + 1)
+    lb = uf * t1.astype(float)
+    ub = m_cost.copy()
+    segs: dict[int, tuple[list, np.ndarray]] = {}
+    one_d: dict[int, np.ndarray] = {}
+    for k in range(1, len(levels)):
+        wk, rk = levels[k].write_cost, levels[k].read_cost
+        ubk = np.minimum(ub, lb + rk * rep1) if not (w0 or r0) else ub
+        # j is never worth a chain segment if splitting it in halves provably costs less.
+        j = steps[2:n]
+        prunable = lb[j] - ubk[j // 2] - ubk[j - j // 2] > wk + rk + _TOL
+        keep = np.flatnonzero(~prunable)
+        j_max = int(j[keep[-1]]) if keep.size else 1
+        j_max = max(1, min(j_max, _J_CAP, n - 1))
+        b, choice = _one_d(m_cost, j_max, uf, rk)
+        js = np.arange(2, j_max + 1)
+        useless = b[js] - b[js // 2] - b[js - js // 2] > wk + rk + _TOL
+        cand = np.concatenate(([1], js[~useless])).astype(np.int64)
+        segs[k] = (cand.tolist(), wk + rk + uf * cand + b[cand])
+        one_d[k] = choice
+
+    # Unlimited last level: sequential 1-D DP over the chain.
+    top = len(levels) - 1
+    u = m_cost.copy()
+    u_choice = np.zeros(n + 1, dtype=np.int64)
+    if levels[top].slots is None:
+        cand, seg = segs[top]
+        cj = np.asarray(cand, dtype=np.int64)
+        for m in range(2, n + 1):
+            p = bisect.bisect_left(cand, m)
+            vals = seg[:p] + u[m - cj[:p]]
+            i = int(vals.argmin())
+            if vals[i] < u[m] - _TOL:
+                u[m], u_choice[m] = vals[i], cj[i]
+
+    # Limited slow levels: layered DP over how many chain slots each one holds.
+    limited = [k for k in range(1, len(levels)) if levels[k].slots is not None]
+    caps = [min(levels[k].slots, n - 1) for k in limited]
+
+    def size(cs):
+        cells = math.prod(c + 1 for c in cs)
+        return cells * (n + 1), cells * sum(len(segs[k][0]) for k in limited) * (n + 1)
+
+    while caps and (size(caps)[0] > _CELL_BUDGET or size(caps)[1] > _WORK_BUDGET):
+        i = max(range(len(caps)), key=caps.__getitem__)
+        caps[i] //= 2
+    values: dict[tuple, np.ndarray] = {}
+    codes: dict[tuple, np.ndarray] = {}
+    zero = tuple(0 for _ in caps)
+    values[zero] = u
+    for vec in itertools.product(*(range(c + 1) for c in caps)):
+        if vec == zero:
+            continue
+        a = u.copy()
+        code = np.zeros(n + 1, dtype=np.int64)
+        for idx, k in enumerate(limited):
+            if not vec[idx]:
+                continue
+            pv = vec[:idx] + (vec[idx] - 1,) + vec[idx + 1 :]
+            prev = values[pv]
+            base = 1 + idx * (n + 1)
+            better = prev < a - _TOL
+            a[better], code[better] = prev[better], base
+            cand, seg = segs[k]
+            for jj, sg in zip(cand, seg.tolist()):
+                if jj >= n:
+                    break
+                v = sg + prev[1 : n + 1 - jj]  # segment jj then prev(m - jj), m = jj+1..n
+                tgt = a[jj + 1 :]
+                better = v < tgt - _TOL
+                if better.any():
+                    tgt[better] = v[better]
+                    code[jj + 1 :][better] = base + jj
+        values[vec], codes[vec] = a, code
+
+    vec, m = tuple(caps), n
+    best = float(values[vec][m])
+    chain: list[tuple[int, int]] = []
+    while vec != zero and codes[vec][m]:
+        c = int(codes[vec][m]) - 1
+        idx, jj = divmod(c, n + 1)
+        vec = vec[:idx] + (vec[idx] - 1,) + vec[idx + 1 :]
+        if jj:
+            chain.append((jj, limited[idx]))
+            m -= jj
+    while u_choice[m]:
+        chain.append((int(u_choice[m]), top))
+        m -= int(u_choice[m])
+    plan = _Plan(best, s0, chain, one_d)
+
+    if limited:
+        ms = _multistage(levels, uf, n)
+        if ms is not None and ms.cost < plan.cost - _TOL:
+            return ms
+    return plan
+
+
+def _multistage(levels: tuple[Level, ...], uf: float, n: int) -> _Plan | None:
+    """Revolve with every limited slot; most-read slots on the fastest levels."""
+    caps = [lvl.slots for lvl in levels if lvl.slots is not None]
+    total = min(sum(caps), n)
+    if total <= caps[0]:
+        return None
+    reads = [0] * total
+    writes = [0] * total
+    plain = 0
+    for act in Revolve(total).actions(n):
+        t = type(act)
+        if t is Restore:
+            reads[act.slot] += 1
+        elif t is Store:
+            writes[act.slot] += 1
+        elif t is Advance:
+            plain += act.stop - act.start
+    order = sorted(range(total), key=lambda i: (-reads[i], -writes[i], i))
+    slot_map: list = [None] * total
+    cost = uf * plain
+    used = [0] * len(levels)
+    lvl = 0
+    for i in order:
+        while levels[lvl].slots is not None and used[lvl] >= levels[lvl].slots:
+            lvl += 1
+        slot_map[i] = (lvl, used[lvl])
+        used[lvl] += 1
+        cost += writes[i] * levels[lvl].write_cost + reads[i] * levels[lvl].read_cost
+    return _Plan(cost, 0, [], {}, slot_map, total)
+
+
+# ----------------------------------------------------------------------------------- emission
+
+
+def _mem(a: int, n: int, s0: int) -> Iterator[Action]:
+    """Reverse steps ``a .. a+n-1`` with ``u_a`` at hand, using level 0 only (Revolve)."""
+    if n == 1:
+        yield Record(a)
+        return
+    yield Store(a, 0, 0)
+    if a == 0:
+        yield from _reverse(n, min(s0, n))
+    else:
+        for act in _reverse(n, min(s0, n)):
+            t = type(act)
+            if t is Record:
+                yield Record(act.step + a)
+            elif t is Advance:
+                yield Advance(act.start + a, act.stop + a)
+            else:
+                yield t(act.step + a, act.slot, 0)
+    yield Free(a, 0, 0)
+
+
+def _emit_chain(plan: _Plan, n: int) -> Iterator[Action]:
+    held = []
+    used: dict[int, int] = {}
+    pos = 0
+    for length, k in plan.chain:
+        slot = used.get(k, 0)
+        used[k] = slot + 1
+        yield Store(pos, slot, k)
+        yield Advance(pos, pos + length)
+        held.append((pos, length, slot, k))
+        pos += length
+    yield from _mem(pos, n - pos, plan.s0)
+    for a, length, slot, k in reversed(held):
+        yield Restore(a, slot, k)
+        choice = plan.one_d[k]
+        while True:
+            j = int(choice[length])
+            if not j:
+                yield from _mem(a, length, plan.s0)
+                break
+            yield Advance(a, a + j)
+            yield from _mem(a + j, length - j, plan.s0)
+            yield Restore(a, slot, k)
+            length = j
+        yield Free(a, slot, k)
+
+
+def _emit_multistage(plan: _Plan, n: int) -> Iterator[Action]:
+    slot_map = plan.slot_map
+    for act in Revolve(plan.snapshots).actions(n):
+        t = type(act)
+        if t is Store or t is Restore or t is Free:
+            lvl, slot = slot_map[act.slot]
+            yield t(act.step, slot, lvl)
+        elif t is not End:
+            yield act
