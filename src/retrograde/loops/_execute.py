@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._body import Body, is_float
-from ._plan import Plan
+from ._plan import ADVANCE, RECORD, RESTORE, STORE, Plan
 
 
 def _slice(xs, n):
@@ -121,26 +121,23 @@ def adjoint(body: Body, plan: Plan, consts, carry0, xs, ck, carry_bar, ys_bar, y
         xbar = _put(xbar, dx, i)
         return cur, slots, list(dk), cbar, xbar
 
-    def branch_advance(a, b, state):
-        cur, slots, kbar, cbar, xbar = state
-        return _advance(body, consts, xs, cur, a, b), slots, kbar, cbar, xbar
-
-    def branch_store(a, b, state):
-        cur, slots, kbar, cbar, xbar = state
-        return cur, _put(slots, cur, b), kbar, cbar, xbar
-
-    def branch_restore(a, b, state):
-        cur, slots, kbar, cbar, xbar = state
-        return _slice(slots, b), slots, kbar, cbar, xbar
-
-    def branch_record(a, b, state):
-        return record(a, *state)
-
-    branches = [branch_advance, branch_store, branch_restore, branch_record]
-
+    # Each row is executed as: advance (a zero-trip loop unless the row advances), then store,
+    # restore and record, each under a two-way cond that leaves its operands untouched when the
+    # row is something else. (A many-way switch would make XLA keep a second copy of the slots.)
     def loop(r, state):
+        cur, slots, kbar, cbar, xbar = state
         op, a, b = table[r, 0], table[r, 1], table[r, 2]
-        return lax.switch(op, branches, a, b, state)
+        is_adv = op == ADVANCE
+        cur = _advance(body, consts, xs, cur, jnp.where(is_adv, a, 0), jnp.where(is_adv, b, 0))
+        slots = lax.cond(op == STORE, lambda s: _put(s, cur, b), lambda s: list(s), slots)
+        cur = lax.cond(op == RESTORE, lambda c: _slice(slots, b), lambda c: list(c), cur)
+        cur, slots, kbar, cbar, xbar = lax.cond(
+            op == RECORD,
+            lambda st: record(a, *st),
+            lambda st: tuple(list(v) for v in st),
+            (cur, slots, kbar, cbar, xbar),
+        )
+        return cur, slots, kbar, cbar, xbar
 
     state = (cur, slots, list(carry_bar), consts_bar, xs_bar)
     _, _, kbar, cbar, xbar = lax.fori_loop(0, table.shape[0], loop, state)
