@@ -10,7 +10,17 @@ import numpy as np
 
 from ..schedules import Schedule
 from ._driver import ForwardPass, Grads, _copy_tree
-from ._step import Final, Running, Step, _cached, _JaxStep, as_losses, as_step, zeros_like_tree
+from ._step import (
+    Final,
+    Running,
+    Step,
+    _cached,
+    _JaxStep,
+    as_losses,
+    as_step,
+    dtype_of,
+    zeros_like_tree,
+)
 
 __all__ = ["forward", "value_and_grad", "hvp", "jvp", "HessianProduct", "Tangents"]
 
@@ -225,8 +235,8 @@ def hvp(
     sd = zeros_like_tree(s0) if state0_dot is None else _copy_tree(state0_dot)
     _check_same(s0, sd, "state0_dot", "state0")
     _check_same(params, params_dot, "params_dot", "params")
-    pd = tree_map(lambda p, d: np.asarray(d, dtype=np.result_type(p)), params, params_dot)
-    sd = tree_map(lambda u, d: np.asarray(d, dtype=np.result_type(u)), s0, sd)
+    pd = tree_map(lambda p, d: np.asarray(d, dtype=dtype_of(p)), params, params_dot)
+    sd = tree_map(lambda u, d: np.asarray(d, dtype=dtype_of(u)), s0, sd)
     aug_until = None if until is None else (lambda n, s: until(n, s[0]))
     with ForwardPass(
         aug_step, aug_losses, (s0, sd), (params, pd), n_steps, schedule=schedule,

@@ -280,12 +280,18 @@ def _cached(cache, key, make):
     return value
 
 
+def dtype_of(x) -> np.dtype:
+    """The dtype of an array-like leaf (NumPy, JAX or a Python scalar)."""
+    dt = getattr(x, "dtype", None)
+    return np.dtype(dt) if dt is not None else np.result_type(x)
+
+
 def zeros_like_tree(tree):
     """NumPy zeros with the structure, shapes and (floating) dtypes of ``tree``."""
     import jax
 
     def z(x):
-        dt = np.result_type(x)
+        dt = dtype_of(x)
         if not np.issubdtype(dt, np.inexact):
             dt = np.float64
         return np.zeros(np.shape(x), dtype=dt)

@@ -66,7 +66,7 @@ def _same_bytes(new: np.ndarray, old: np.ndarray) -> bool:
 def _digest(arr: np.ndarray) -> bytes:
     h = hashlib.blake2b(digest_size=16)
     if arr.size:
-        h.update(memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8)))
+        h.update(memoryview(np.ascontiguousarray(arr.reshape(-1)).view(np.uint8)))
     return h.digest()
 
 
@@ -224,7 +224,8 @@ class _DiskStore(_LiveStore):
         try:
             with open(tmp, "wb") as fh:
                 for i, a in enumerate(arrays):
-                    a = np.ascontiguousarray(a)
+                    if not a.flags.c_contiguous:  # (np.ascontiguousarray would make 0-d 1-d)
+                        a = a.copy(order="C")
                     if a.dtype.hasobject:
                         raise TypeError(
                             f"state leaf {i} at step {step} has dtype object; only numeric "
