@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import itertools
 import math
+from math import comb
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -86,8 +87,9 @@ class MultiLevel(OfflineSchedule):
 
     **Generation cost.** ``O(N)`` memory for the tables; time ``O(N |C| + J^2)`` where ``J`` is the
     longest useful chain segment and ``C`` the candidate segment lengths (about 0.1-1 s at
-    ``N = 1e5``); limited slow levels multiply by their capped slot counts; nonzero level-0 write
-    costs add ``O(N s0)`` Python steps. Plans are cached per ``(schedule, N)``.
+    ``N = 1e5``); limited slow levels multiply by their (capped) slot counts. Plans are cached
+    per ``(schedule, N)``. Streaming the actions is ``O(N)`` per unit of recomputation, like
+    :class:`Revolve`.
 
     Args:
         levels: the storage levels, fastest first (at least one).
@@ -187,22 +189,31 @@ def _binomial(n_max: int, s: int) -> tuple[np.ndarray, np.ndarray]:
 def _revolve_stores(n_max: int, s0: int) -> np.ndarray:
     """Stores (after the first) of ``_reverse(n, min(s0, n))`` for ``n = 0..n_max``.
 
-    ``W_s(n) = 1 + W_{s-1}(n - j) + W_s(j)`` with ``j`` from :func:`revolve_split`, and
-    ``W_s(n) = n - 1`` when ``s >= n`` (every state is stored). ``O(n_max * s0)`` Python steps.
+    ``W_s(n) = 1 + W_{s-1}(n - j) + W_s(j)`` with ``j`` the split of :func:`revolve_split`
+    (``W_1 = 0``; ``W_s(n) = n - 1`` when ``s >= n``). In the band ``beta(s, r-1) < n <=
+    beta(s, r)`` the split is ``j = max(1, beta(s, r-2), n - beta(s-1, r))`` (``q = r - 1``), which
+    lies in an earlier band, so each band is one vectorised step: ``O(s0 log n_max)`` numpy
+    operations.
     """
     below = np.zeros(n_max + 1, dtype=np.int64)  # s = 1: no stores
-    for s in range(2, s0 + 1):
+    for s in range(2, min(s0, n_max) + 1):
         w = np.maximum(np.arange(n_max + 1) - 1, 0)
-        for n in range(s + 1, n_max + 1):
-            j, _ = revolve_split(n, s)
-            w[n] = 1 + below[n - j] + w[j]
+        r, lo, hi = 0, 0, 1
+        while hi < n_max:
+            r += 1
+            lo, hi = hi, hi * (s + r) // r
+            ns = np.arange(max(lo + 1, s + 1), min(hi, n_max) + 1)
+            if not ns.size:
+                continue
+            q = r - 1
+            beta_prev = comb(s + q - 1, s) if q else 0
+            j = np.maximum(max(1, beta_prev), ns - comb(s + q, s - 1))
+            ok = j <= np.minimum(ns - 1, lo - 1)  # lo = beta(s, q)
+            for i in np.flatnonzero(~ok):  # rare (n = beta(s, r)): the general search
+                j[i] = revolve_split(int(ns[i]), s)[0]
+            w[ns] = 1 + below[ns - j] + w[j]
         below = w
-    if s0 == 1:
-        return below
-    out = below.copy()
-    small = np.arange(min(s0, n_max) + 1)
-    out[small] = np.maximum(small - 1, 0)
-    return out
+    return below
 
 
 def _one_d(m_cost: np.ndarray, j_max: int, uf: float, rk: float) -> tuple[np.ndarray, np.ndarray]:
@@ -246,15 +257,22 @@ def _plan(levels: tuple[Level, ...], uf: float, n: int) -> _Plan:
     for k in range(1, len(levels)):
         wk, rk = levels[k].write_cost, levels[k].read_cost
         ubk = np.minimum(ub, lb + rk * rep1) if not (w0 or r0) else ub
-        # j is never worth a chain segment if splitting it in halves provably costs less.
-        j = steps[2:n]
-        prunable = lb[j] - ubk[j // 2] - ubk[j - j // 2] > wk + rk + _TOL
-        keep = np.flatnonzero(~prunable)
-        j_max = int(j[keep[-1]]) if keep.size else 1
+        if levels[k].slots is None:
+            # j is never worth a chain segment if splitting it in halves provably costs less
+            # (B(j) >= u_f t(j, s0+1); B(h) <= M(h) and <= u_f t(h, s0+1) + r_k r(h, s0+1)).
+            j = steps[2:n]
+            prunable = lb[j] - ubk[j // 2] - ubk[j - j // 2] > wk + rk + _TOL
+            keep = np.flatnonzero(~prunable)
+            j_max = int(j[keep[-1]]) if keep.size else 1
+        else:  # a limited level may need long segments: splitting them costs a slot
+            j_max = n - 1
         j_max = max(1, min(j_max, _J_CAP, n - 1))
         b, choice = _one_d(m_cost, j_max, uf, rk)
         js = np.arange(2, j_max + 1)
         useless = b[js] - b[js // 2] - b[js - js // 2] > wk + rk + _TOL
+        if levels[k].slots is not None:  # heuristic: all short lengths, then a 6% grid
+            grid = np.unique(np.round(64 * 1.06 ** np.arange(120)).astype(np.int64))
+            useless &= (js > 64) & ~np.isin(js, grid)
         cand = np.concatenate(([1], js[~useless])).astype(np.int64)
         segs[k] = (cand.tolist(), wk + rk + uf * cand + b[cand])
         one_d[k] = choice
