@@ -325,3 +325,20 @@ def test_plot_validates(tmp_path):
         plot_schedule(object(), 5, tmp_path / "x.png")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="n_steps"):
         plot_schedule(Revolve(3), 10**7, tmp_path / "x.png")
+
+
+def test_planner_does_not_import_jax():
+    script = (
+        "import importlib.abc, sys\n"
+        "class Forbid(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('jax', 'jaxlib'):\n"
+        "            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, Forbid())\n"
+        "from retrograde.__main__ import main\n"
+        "main(['plan', '--steps', '100', '--snapshots', '5'])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "Revolve(5)" in result.stdout

@@ -18,7 +18,7 @@ Example:
     >>> from retrograde.planner import plan
     >>> rows = plan(10_000, memory="2GiB", state_size="10MiB")
     >>> rows[0].name, rows[0].plain, rows[0].memory_slots
-    ('Revolve(204)', 19900, 204)
+    ('Revolve(204)', 19794, 204)
 """
 
 from __future__ import annotations

@@ -26,10 +26,10 @@ SCRIPT = textwrap.dedent(
 
     sys.meta_path.insert(0, Forbid())
 
+    import importlib, pkgutil
     import retrograde.schedules as S
-    import retrograde.schedules._actions, retrograde.schedules._base
-    import retrograde.schedules._optimum, retrograde.schedules._revolve
-    import retrograde.schedules._simple, retrograde.schedules._simulate
+    for info in pkgutil.iter_modules(S.__path__):
+        importlib.import_module("retrograde.schedules." + info.name)
     for name in dir(S):
         getattr(S, name)
 

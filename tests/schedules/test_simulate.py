@@ -203,17 +203,16 @@ def _schedules(slots: int) -> list:
 
 def _multilevel_instances(multi, slots: int) -> list:
     """MultiLevel is written in parallel; build it through whichever signature it has."""
-    attempts = [
-        lambda: multi(levels=(Level(slots), Level(None, write_cost=2.0, read_cost=2.0))),
-        lambda: multi((Level(slots), Level(None, write_cost=2.0, read_cost=2.0))),
-        lambda: multi(Level(slots), Level(None, write_cost=2.0, read_cost=2.0)),
-    ]
-    for attempt in attempts:
-        try:
-            return [attempt()]
-        except TypeError:
-            continue
-    return []
+    out = []
+    for disk in (None, max(1, slots // 2)):
+        levels = (Level(slots), Level(disk, write_cost=2.0, read_cost=2.0))
+        for attempt in (lambda: multi(levels=levels), lambda: multi(levels), lambda: multi(*levels)):
+            try:
+                out.append(attempt())
+                break
+            except TypeError:
+                continue
+    return out
 
 
 def _check_valid(schedule, n: int) -> None:
