@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from retrograde.schedules import (
+    End,
     Level,
     MultiLevel,
     Restore,
@@ -21,7 +22,7 @@ from retrograde.schedules import (
     revolve_optimum,
     simulate,
 )
-from retrograde.schedules._multilevel import _revolve_stores
+from retrograde.schedules._multilevel import _mem, _revolve_stores
 
 
 def disk(slots, w, r=None, **kw):
@@ -210,10 +211,12 @@ def test_limited_slow_level_only():
 
 def test_revolve_store_counts():
     for s in (1, 2, 3, 6):
-        w = _revolve_stores(80, s)
-        for n in range(1, 81):
-            stores = sum(1 for a in Revolve(min(s, n)).actions(n) if type(a) is Store)
-            assert w[n] == stores - 1
+        w = _revolve_stores(120, s)
+        for n in range(2, 121):
+            acts = list(_mem(0, n, s))
+            assert w[n] == sum(1 for a in acts if type(a) is Store) - 1
+            stats = execute(acts + [End()], n, (Level(s),))
+            assert stats.plain == revolve_optimum(n, s) and stats.reads == (n - 1,)
 
 
 def test_start_slot_reads_bounded_by_repetition_number():

@@ -187,17 +187,21 @@ def _binomial(n_max: int, s: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _revolve_stores(n_max: int, s0: int) -> np.ndarray:
-    """Stores (after the first) of ``_reverse(n, min(s0, n))`` for ``n = 0..n_max``.
+    """Stores (after the first) that :func:`_mem` emits for ``n = 0..n_max`` steps.
 
-    ``W_s(n) = 1 + W_{s-1}(n - j) + W_s(j)`` with ``j`` the split of :func:`revolve_split`
-    (``W_1 = 0``; ``W_s(n) = n - 1`` when ``s >= n``). In the band ``beta(s, r-1) < n <=
-    beta(s, r)`` the split is ``j = max(1, beta(s, r-2), n - beta(s-1, r))`` (``q = r - 1``), which
-    lies in an earlier band, so each band is one vectorised step: ``O(s0 log n_max)`` numpy
-    operations.
+    Revolve's ``_reverse(n, s)`` stores ``W_s(n) = 1 + W_{s-1}(n - j) + W_s(j)`` states (``j`` its
+    split; ``W_1 = 0``; ``W_s(n) = n - 1`` when ``s >= n``), ``P_s(n)`` of them (splits with
+    ``n - j = 1``) right before recording them; :func:`_mem` drops those, so this is ``W - P``.
+    In the band ``beta(s, r-1) < n <= beta(s, r)`` the split is ``j = max(1, beta(s, r-2),
+    n - beta(s-1, r))``, which lies in an earlier band, so each band is one vectorised step:
+    ``O(s0 log n_max)`` numpy operations.
     """
-    below = np.zeros(n_max + 1, dtype=np.int64)  # s = 1: no stores
+    steps = np.arange(n_max + 1)
+    w_below = np.zeros(n_max + 1, dtype=np.int64)  # s = 1: no stores
+    p_below = np.zeros(n_max + 1, dtype=np.int64)
     for s in range(2, min(s0, n_max) + 1):
-        w = np.maximum(np.arange(n_max + 1) - 1, 0)
+        w = np.maximum(steps - 1, 0)
+        p = (steps >= 2).astype(np.int64)
         r, lo, hi = 0, 0, 1
         while hi < n_max:
             r += 1
@@ -211,9 +215,10 @@ def _revolve_stores(n_max: int, s0: int) -> np.ndarray:
             ok = j <= np.minimum(ns - 1, lo - 1)  # lo = beta(s, q)
             for i in np.flatnonzero(~ok):  # rare (n = beta(s, r)): the general search
                 j[i] = revolve_split(int(ns[i]), s)[0]
-            w[ns] = 1 + below[ns - j] + w[j]
-        below = w
-    return below
+            w[ns] = 1 + w_below[ns - j] + w[j]
+            p[ns] = (ns - j == 1) + p_below[ns - j] + p[j]
+        w_below, p_below = w, p
+    return w_below - p_below
 
 
 def _one_d(m_cost: np.ndarray, j_max: int, uf: float, rk: float) -> tuple[np.ndarray, np.ndarray]:
@@ -388,22 +393,39 @@ def _multistage(levels: tuple[Level, ...], uf: float, n: int) -> _Plan | None:
 
 
 def _mem(a: int, n: int, s0: int) -> Iterator[Action]:
-    """Reverse steps ``a .. a+n-1`` with ``u_a`` at hand, using level 0 only (Revolve)."""
+    """Reverse steps ``a .. a+n-1`` with ``u_a`` at hand, using level 0 only (Revolve).
+
+    Revolve stores the last state of a segment right before recording it (``Store(m)``,
+    ``Record(m)``, ``Free(m)``); that write is useless and is dropped here.
+    """
     if n == 1:
         yield Record(a)
         return
     yield Store(a, 0, 0)
-    if a == 0:
-        yield from _reverse(n, min(s0, n))
-    else:
-        for act in _reverse(n, min(s0, n)):
-            t = type(act)
+    pending = None  # a Store held back until we know whether a Record of that step follows
+    dropped = None
+    for act in _reverse(n, min(s0, n)):
+        t = type(act)
+        if a:
             if t is Record:
-                yield Record(act.step + a)
+                act = Record(act.step + a)
             elif t is Advance:
-                yield Advance(act.start + a, act.stop + a)
+                act = Advance(act.start + a, act.stop + a)
             else:
-                yield t(act.step + a, act.slot, 0)
+                act = t(act.step + a, act.slot, 0)
+        if pending is not None:
+            if t is Record and act.step == pending.step:
+                dropped, pending = pending, None
+                yield act
+                continue
+            yield pending
+            pending = None
+        if t is Store:
+            pending = act
+        elif t is Free and dropped is not None and act[:2] == dropped[:2]:
+            dropped = None
+        else:
+            yield act
     yield Free(a, 0, 0)
 
 
