@@ -116,6 +116,24 @@ def test_plan_rows_agree_with_the_simulator():
             assert row.cost == stats.cost
 
 
+@pytest.mark.parametrize("disk", ["8MiB", "64MiB", "1GiB"])
+def test_plan_disk_rows_fit_and_agree(disk):
+    if not hasattr(schedules, "MultiLevel"):
+        pytest.skip("no MultiLevel in this version")
+    n = 400
+    rows = plan(n, snapshots=6, state_size="1MiB", disk=disk, disk_write_cost=1.0,
+                disk_read_cost=1.0)
+    budget = parse_size(disk) // 2**20
+    multi = [r for r in rows if r.name.startswith("MultiLevel")]
+    assert len(multi) == 1
+    row = multi[0]
+    stats = simulate(row.schedule, n)
+    assert row.disk_slots == sum(stats.peak_slots[1:]) <= budget
+    assert row.memory_slots == stats.peak_slots[0] <= 6
+    assert row.cost == stats.cost
+    assert row.cost <= next(r.cost for r in rows if r.name == "Revolve(6)")
+
+
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(0, 400), every=st.integers(1, 60))
 def test_periodic_closed_form(n, every):

@@ -268,7 +268,7 @@ def _row_from_stats(name, schedule, stats, disk_write_cost, disk_read_cost) -> d
     )
 
 
-def _multilevel(slots: int, disk_slots: int, write: float, read: float) -> Schedule | None:
+def _multilevel(slots: int, disk_slots: int | None, write: float, read: float) -> Schedule | None:
     """A MultiLevel schedule (memory plus disk) if this version of retrograde has one."""
     multi = getattr(_s, "MultiLevel", None)
     if multi is None:
@@ -283,6 +283,25 @@ def _multilevel(slots: int, disk_slots: int, write: float, read: float) -> Sched
         except TypeError:
             continue
     return None
+
+
+def _best_multilevel(n: int, slots: int, disk_slots: int, write: float, read: float):
+    """``(schedule, stats)`` of the cheapest memory-plus-disk schedule within ``disk_slots``.
+
+    The plan for an unlimited disk is tried first: when its peak disk use fits, it is at least
+    as cheap as any plan restricted to ``disk_slots``.
+    """
+    best = None
+    for limit in (None, disk_slots):
+        schedule = _multilevel(slots, limit, write, read)
+        if schedule is None:
+            return None
+        stats = simulate(schedule, n)
+        if sum(stats.peak_slots[1:]) <= disk_slots and (best is None or stats.cost < best[1].cost):
+            best = (schedule, stats)
+        if limit is None and best is not None:
+            break
+    return best
 
 
 def plan(
@@ -380,9 +399,9 @@ def plan_with_notes(
         elif n > MULTILEVEL_LIMIT:
             notes.append(f"MultiLevel is planned only up to N = {MULTILEVEL_LIMIT:,} here.")
         else:
-            schedule = _multilevel(slots, disk_slots, w, r)
-            if schedule is not None:
-                stats = simulate(schedule, n)
+            found = _best_multilevel(n, slots, disk_slots, w, r)
+            if found is not None:
+                schedule, stats = found
                 rows.append(_row_from_stats(
                     f"MultiLevel({slots} mem, {disk_slots} disk)", schedule, stats, w, r
                 ))
