@@ -2,8 +2,8 @@
 
 x is time, counted in step evaluations (plain and recorded alike); y is the step index. Plain
 evaluations are thin lines going up, recorded evaluations (step plus adjoint) a thick line going
-down from ``N`` to ``0``, and every snapshot store a dot at the stored step, colored by storage
-level. Drawing uses line collections, so even long schedules render in seconds.
+down from ``N`` to ``0``, every snapshot store a dot at the stored step, colored by storage
+level, and (for up to 2000 steps) every restore a dotted jump in that level's color. Drawing uses line collections, so even long schedules render in seconds.
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ def plot_schedule(
     rec_n: list[float] = []
     stores: list[list[tuple[int, int]]] = [[] for _ in levels]
     restores: list[tuple[tuple[int, int], tuple[int, int]]] = []
+    restore_colors: list[str] = []
     clock = 0
     state = 0
 
@@ -143,6 +144,7 @@ def plot_schedule(
             elif kind is Restore:
                 if action.step != state:
                     restores.append(((clock, state), (clock, action.step)))
+                    restore_colors.append(_LEVEL_COLORS[action.level % len(_LEVEL_COLORS)])
                 state = action.step
             yield action
 
@@ -155,7 +157,8 @@ def plot_schedule(
     thin = 0.6 if big else 1.0
     if restores and not big:
         ax.add_collection(
-            LineCollection(restores, colors="0.8", linewidths=0.6, linestyles=":", zorder=1)
+            LineCollection(restores, colors=restore_colors, linewidths=0.8, linestyles=":",
+                           alpha=0.6, zorder=1)
         )
     if advances:
         ax.add_collection(LineCollection(advances, colors="0.35", linewidths=thin, zorder=2))
@@ -194,6 +197,7 @@ def plot_schedule(
             f"{_label(schedule)}: N = {n_steps:,}, slots = {slots}\n"
             f"plain {stats.plain:,} + recorded {stats.recorded:,} = "
             f"{stats.evaluations:,} evaluations"
+            + (f", cost {stats.cost:,.6g} with transfers" if stats.cost != stats.evaluations else "")
         ),
         fontsize=10,
     )
