@@ -293,3 +293,26 @@ def test_zero_steps_and_final_state():
         g = fp.vjp({"u": np.ones(P.M), "memo": np.zeros(P.M)})
         assert g.params["a"].shape == (P.M,)
     assert not os.path.exists(os.path.join("nonexistent"))
+
+
+@pytest.mark.parametrize("schedule", SCHEDS, ids=IDS)
+def test_vjp_keep_false_frees_as_it_goes(schedule, tmp_path):
+    """keep=False (what value_and_grad uses): same gradient, first-sweep snapshots released as the
+    schedule frees them, peak memory within the schedule's slots; no further vjp."""
+    s0, p = P.state0(), P.params0()
+    with rh.forward(P.NP_STEP, s0, p, N, schedule=schedule, loss=P.NP_LOSS) as fp:
+        g1 = fp.vjp()
+        peak_keep = [s.peak_nbytes for s in fp._stores]
+    with rh.forward(P.NP_STEP, s0, p, N, schedule=schedule, loss=P.NP_LOSS) as fp:
+        g2 = fp.vjp(keep=False)
+        assert all(s.nbytes == 0 for s in fp._stores)
+        peak = [s.peak_nbytes for s in fp._stores]
+        with pytest.raises(ValueError, match="keep=False"):
+            fp.vjp()
+    for a, b in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g2)):
+        np.testing.assert_array_equal(a, b)
+    state_bytes = 2 * P.M * 8
+    max_slots = schedule.max_slots(N)
+    for lvl, (pk, pkk) in enumerate(zip(peak, peak_keep)):
+        assert pk <= max_slots[lvl] * state_bytes
+        assert pk <= pkk

@@ -131,7 +131,7 @@ def value_and_grad(
         step, state0, params, n_steps, schedule=schedule, loss=loss, storage=storage,
         until=until, progress=progress,
     ) as fp:
-        grads = fp.vjp()
+        grads = fp.vjp(keep=False)
         return fp.value, grads
 
 
@@ -242,7 +242,7 @@ def hvp(
         aug_step, aug_losses, (s0, sd), (params, pd), n_steps, schedule=schedule,
         storage=storage, until=aug_until, progress=progress,
     ) as fp:
-        g = fp.vjp()
+        g = fp.vjp(keep=False)
         value = fp.value
     (h_p, g_p), (h_u, g_u) = g.params, g.state0
     return HessianProduct(value, Grads(g_p, g_u), Grads(h_p, h_u))

@@ -154,6 +154,7 @@ class ForwardPass:
         self._stores: list[_LiveStore] = []
         self._hand_store = _MemoryStore("state at hand")
         self._closed = False
+        self._spent = False
         self._persistent: dict[tuple[int, int], Any] = {}
         self.counts = Counts()
         self.value = None
@@ -192,13 +193,17 @@ class ForwardPass:
     def closed(self) -> bool:
         return self._closed
 
-    def vjp(self, state_bar=None, *, loss_bar: float | None = None) -> Grads:
+    def vjp(self, state_bar=None, *, loss_bar: float | None = None, keep: bool = True) -> Grads:
         """Reverse the loop once: cotangents of ``params`` and of the initial state.
 
         Args:
             state_bar: cotangent of the final state ``u_N`` (a pytree like the state), or
                 ``None`` for zero.
             loss_bar: cotangent of the loss ``J``; default ``1.0`` when a loss was given.
+            keep: ``True`` keeps the first sweep's snapshots for further ``vjp`` calls (memory:
+                up to the schedule's slots twice over during this call). ``False`` frees each
+                of them as soon as the schedule frees it (memory: the schedule's slots); the
+                handle can then not ``vjp`` again.
 
         Returns:
             :class:`Grads` ``(params, state0)``: ``d<state_bar, u_N> + loss_bar * dJ`` with respect
@@ -211,6 +216,11 @@ class ForwardPass:
             raise ValueError(
                 "vjp() on a closed ForwardPass: its snapshots were released. Call vjp inside the "
                 "`with retrograde.host.forward(...) as fp:` block, before fp.close()."
+            )
+        if self._spent:
+            raise ValueError(
+                "vjp() after vjp(keep=False): the first sweep's snapshots were released. Use "
+                "keep=True (the default) on every vjp call but the last."
             )
         if loss_bar is None:
             loss_bar = 1.0 if self._losses else 0.0
@@ -240,7 +250,9 @@ class ForwardPass:
             pbar = _add(pbar, _scale(self._final_grad[1], loss_bar))
         if self.n_steps == 0:
             return Grads(pbar, lam)
-        return self._run_reverse(lam, pbar, loss_bar)
+        if not keep:
+            self._spent = True
+        return self._run_reverse(lam, pbar, loss_bar, keep)
 
     # ------------------------------------------------------------------ helpers
     def _running(self):
@@ -286,7 +298,7 @@ class ForwardPass:
         except IndexError:
             return "?"
 
-    def _free(self, slots, action, temp: set | None):
+    def _free(self, slots, action, temp: set | None, keep: bool = True):
         step, slot, level = action
         snap = slots.pop((level, slot), None)
         if snap is None or snap.step != step:
@@ -294,7 +306,9 @@ class ForwardPass:
                 f"snapshot of step {step}: the schedule frees slot {slot} of level {level}, which "
                 f"holds {'nothing' if snap is None else f'step {snap.step}'}."
             )
-        if temp is None:  # first sweep: really free it
+        if temp is None or not keep:  # first sweep, or the last vjp: really free it
+            if temp is not None:
+                temp.discard(snap)
             snap.store.free(snap)
         elif snap in temp:
             temp.discard(snap)
@@ -444,13 +458,16 @@ class ForwardPass:
             run.on_step(n)
         return run.reverse(N)
 
-    def _run_reverse(self, lam, pbar, loss_bar):
+    def _run_reverse(self, lam, pbar, loss_bar, keep):
         params = self._params
         running = self._running() if loss_bar != 0.0 else []
         slots = dict(self._persistent)
         temp: set = set()
         hand = self._hand
         state = jax.tree_util.tree_unflatten(hand.treedef, self._hand_store.get(hand))
+        if not keep:
+            self._hand_store.free(hand)
+            self._persistent = {}
         cur = hand.step
         next_record = self.n_steps - 1
         bar = _Progress(self._progress, self.n_steps, "reverse")
@@ -496,7 +513,7 @@ class ForwardPass:
                     state = self._restore(slots, a)
                     cur = a.step
                 elif kind is Free:
-                    self._free(slots, a, temp)
+                    self._free(slots, a, temp, keep)
                 elif kind is End:
                     break
                 else:
@@ -509,6 +526,9 @@ class ForwardPass:
             bar.close()
             for snap in temp:
                 snap.store.free(snap)
+            if not keep:
+                for snap in slots.values():
+                    snap.store.free(snap)
             self._sync_counts()
         return Grads(pbar, lam)
 

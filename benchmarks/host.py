@@ -1,0 +1,304 @@
+"""Benchmark of ``retrograde.host``: a NumPy heat equation with a hand-written adjoint.
+
+State: ``--size`` float64 values (default 1M = 8 MiB); ``--steps`` steps (default 2000). Step:
+explicit diffusion with a cubic sink and a source field ``q`` (the parameters),
+``u <- u + r lap(u) + dt (q - c u^3)``, updated in place. Loss ``J = 0.5 |u_N|^2``; the gradient
+is taken with respect to ``q`` (8 MiB as well).
+
+Rows (each in its own subprocess; peak RSS is that process's own ``VmHWM`` from ``/proc/self/status``):
+
+* forward only: the plain loop, no gradient (the baseline for time and memory);
+* StoreAll: every state in RAM (skipped if it would not fit in the available memory);
+* Revolve(20) in RAM;
+* MultiLevel: 5 RAM slots + 50 disk slots (write/read costs measured on this machine);
+* pyrevolve ``MemoryRevolver`` with 20 checkpoints (if ``pyrevolve`` is installed; it is not a
+  dependency of retrograde: ``pip install pyrevolve``).
+
+Usage: ``python benchmarks/host.py [--steps 2000] [--size 1000000] [--rows a,b,...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+R, DT, C = 0.2, 0.01, 0.5
+ROWS = ["forward", "storeall", "revolve", "multilevel", "pyrevolve"]
+
+
+# ----------------------------------------------------------------------------- the problem
+class Heat:
+    """In-place explicit heat step with a cubic sink; preallocated work arrays."""
+
+    def __init__(self, size: int):
+        self.w = np.empty(size)
+        self.t = np.empty(size)
+
+    def lap(self, u, out):
+        out[1:-1] = u[:-2]
+        out[1:-1] += u[2:]
+        out[0] = u[1]
+        out[-1] = u[-2]
+        np.multiply(u, 2.0, out=self.t)
+        out -= self.t
+        return out
+
+    def forward(self, n, u, q):
+        w, t = self.w, self.t
+        self.lap(u, w)
+        w *= R
+        np.multiply(u, u, out=t)
+        t *= u
+        t *= -DT * C
+        w += t
+        np.multiply(q, DT, out=t)
+        w += t
+        u += w
+        return u
+
+    def vjp(self, n, u, q, lam):
+        out = np.empty_like(lam)
+        self.lap(lam, out)
+        out *= R
+        np.multiply(u, u, out=self.t)
+        self.t *= -3 * DT * C
+        self.t *= lam
+        out += self.t
+        out += lam
+        return out, DT * lam
+
+
+def problem(size):
+    x = np.linspace(0.0, 1.0, size)
+    u0 = np.sin(np.pi * x) + 0.2 * np.sin(7 * np.pi * x)
+    q = 0.5 * np.cos(3 * np.pi * x)
+    return u0, q
+
+
+def checksum(g):
+    """A fixed linear functional of the gradient, to compare rows."""
+    v = np.cos(np.arange(g.size) * 0.001)
+    return float(np.dot(g, v))
+
+
+# ----------------------------------------------------------------------------- one row
+def vmhwm_mib():
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def measure_costs(heat, u0, q, tmpdir):
+    """Disk write/read cost of one state, in units of one step, measured here."""
+    import jax
+
+    import retrograde.host as rh
+
+    u = u0.copy()
+    t0 = time.perf_counter()
+    for n in range(5):
+        heat.forward(n, u, q)
+    t_step = (time.perf_counter() - t0) / 5
+    store = rh.Disk(tmpdir).open()
+    leaves, treedef = jax.tree_util.tree_flatten(u)
+    t0 = time.perf_counter()
+    snaps = [store.put(i, [u + i], treedef) for i in range(3)]
+    t_w = (time.perf_counter() - t0) / 3
+    t0 = time.perf_counter()
+    for s in snaps:
+        store.get(s)
+    t_r = (time.perf_counter() - t0) / 3
+    store.close()
+    return max(0.1, round(t_w / t_step, 1)), max(0.1, round(t_r / t_step, 1))
+
+
+def run_row(row, steps, size, snapshots):
+    if row == "pyrevolve":
+        import pyrevolve as pr
+    elif row != "forward":
+        import retrograde.host as rh
+        from retrograde import schedules as rs
+    u0, q = problem(size)
+    heat = Heat(size)
+    out = {"row": row, "base_mib": vmhwm_mib()}  # after imports and the problem's arrays
+    t0 = time.perf_counter()
+    if row == "forward":
+        u = u0.copy()
+        for n in range(steps):
+            heat.forward(n, u, q)
+        out["J"] = 0.5 * float(np.dot(u, u))
+        out["evals"] = steps
+    elif row == "pyrevolve":
+        class WS:
+            u = u0.copy()
+            prev = np.empty(size)
+            lam = None
+            qbar = np.zeros(size)
+            evals = 0
+
+        class Ckp(pr.Checkpoint):
+            dtype = np.float64
+            size = u0.size
+
+            def get_data(self, timestep):
+                return [WS.u]
+
+            def get_data_location(self, timestep):
+                return [WS.u]
+
+        class Fwd(pr.Operator):
+            def apply(self, t_start, t_end):
+                for n in range(t_start, t_end):
+                    WS.prev[:] = WS.u
+                    heat.forward(n, WS.u, q)
+                    WS.evals += 1
+
+        class Rev(pr.Operator):
+            def apply(self, t_start, t_end):
+                for n in range(t_end - 1, t_start - 1, -1):
+                    WS.lam, qb = heat.vjp(n, WS.prev, q, WS.lam)
+                    WS.qbar += qb
+
+        rev = pr.MemoryRevolver(Ckp(), Fwd(), Rev(), snapshots, steps)
+        rev.apply_forward()
+        out["J"] = 0.5 * float(np.dot(WS.u, WS.u))
+        WS.lam = WS.u.copy()
+        rev.apply_reverse()
+        out["grad"] = checksum(WS.qbar)
+        out["evals"] = WS.evals
+    else:
+        step = rh.Step(heat.forward, heat.vjp)
+        loss = rh.Final(lambda n, u, q: 0.5 * float(np.dot(u, u)), grad=lambda n, u, q: (u, 0.0))
+        storage = rh.Memory()
+        if row == "storeall":
+            sched = rs.StoreAll()
+        elif row == "revolve":
+            sched = rs.Revolve(snapshots)
+        elif row == "multilevel":
+            tmp = tempfile.mkdtemp(prefix="retrograde-bench-")
+            w, r = measure_costs(heat, u0, q, tmp)
+            out["disk_costs"] = (w, r)
+            sched = rs.MultiLevel([rs.Level(5, name="memory"),
+                                   rs.Level(50, write_cost=w, read_cost=r, name="disk")])
+            storage = {"memory": rh.Memory(), "disk": rh.Disk(tmp)}
+            t0 = time.perf_counter()
+        else:
+            raise SystemExit(f"unknown row {row!r}; choose from {ROWS}")
+        with rh.forward(step, u0, q, steps, schedule=sched, loss=loss, storage=storage,
+                        progress=False) as fp:
+            g = fp.vjp()
+            out["J"] = fp.value
+            out["evals"] = fp.counts.plain + fp.counts.recorded
+            out["writes"] = fp.counts.writes
+        out["grad"] = checksum(g.params)
+        if row == "multilevel":
+            os.rmdir(tmp)
+    out["time"] = time.perf_counter() - t0
+    out["vmhwm_mib"] = vmhwm_mib()
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+# ----------------------------------------------------------------------------- the table
+def mem_available_mib():
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("inf")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--size", type=int, default=1_000_000)
+    ap.add_argument("--snapshots", type=int, default=20)
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--row", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.row:
+        return run_row(args.row, args.steps, args.size, args.snapshots)
+    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    state_mib = args.size * 8 / 2**20
+    print(f"# retrograde.host benchmark: NumPy heat step, state {state_mib:.1f} MiB "
+          f"({args.size} float64), N = {args.steps}, python {sys.version.split()[0]}")
+    results = {}
+    for row in rows:
+        if row == "storeall":
+            need = state_mib * args.steps * 1.1 + 1024
+            if need > 0.8 * mem_available_mib():
+                results[row] = {"skipped": f"needs ~{need / 1024:.1f} GiB, "
+                                f"{mem_available_mib() / 1024:.1f} GiB available"}
+                continue
+        if row == "pyrevolve":
+            try:
+                import pyrevolve  # noqa: F401
+            except ImportError:
+                results[row] = {"skipped": "pyrevolve not installed (pip install pyrevolve)"}
+                continue
+        cmd = [sys.executable, os.path.abspath(__file__), "--row", row, "--steps",
+               str(args.steps), "--size", str(args.size), "--snapshots", str(args.snapshots)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout, stderr = proc.communicate()
+        # per-child peak RSS: wait4 already reaped it inside communicate, so use the child's own
+        # VmHWM (identical to ru_maxrss on Linux) reported in its RESULT line.
+        line = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode != 0 or not line:
+            results[row] = {"skipped": f"failed (rc {proc.returncode}): {stderr.strip()[-300:]}"}
+            continue
+        results[row] = json.loads(line[-1][7:])
+        r = results[row]
+        print(f"  {row}: {r['time']:.1f} s, peak RSS {r['vmhwm_mib']:.0f} MiB", flush=True)
+
+    labels = {
+        "forward": "forward only (no gradient)",
+        "storeall": "StoreAll, RAM",
+        "revolve": f"Revolve({args.snapshots}), RAM",
+        "multilevel": "MultiLevel 5 RAM + 50 disk",
+        "pyrevolve": f"pyrevolve MemoryRevolver({args.snapshots})",
+    }
+    base = results.get("forward", {})
+    ref_grad = next((r["grad"] for r in results.values() if "grad" in r), None)
+    print()
+    print("| row | time (s) | time / forward | peak RSS (MiB) | peak - baseline (MiB) "
+          "| in states | step evaluations | gradient agrees |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        r = results.get(row, {})
+        name = labels.get(row, row)
+        if "skipped" in r:
+            print(f"| {name} | skipped: {r['skipped']} | | | | | | |")
+            continue
+        t_ratio = r["time"] / base["time"] if base.get("time") else float("nan")
+        extra = r["vmhwm_mib"] - r["base_mib"]
+        agree = ""
+        if "grad" in r and ref_grad is not None:
+            agree = "yes" if abs(r["grad"] - ref_grad) <= 1e-9 * max(1.0, abs(ref_grad)) else (
+                f"NO ({r['grad']:.12g} vs {ref_grad:.12g})")
+        note = f" (disk w/r cost {r['disk_costs'][0]}/{r['disk_costs'][1]} steps)" \
+            if "disk_costs" in r else ""
+        print(f"| {name}{note} | {r['time']:.1f} | {t_ratio:.2f} | {r['vmhwm_mib']:.0f} "
+              f"| {extra:.0f} | {extra / state_mib:.1f} | {r['evals']} | {agree} |")
+    if "revolve" in results and "pyrevolve" in results and "time" in results["pyrevolve"] \
+            and "time" in results["revolve"]:
+        print(f"\nretrograde Revolve / pyrevolve time ratio: "
+              f"{results['revolve']['time'] / results['pyrevolve']['time']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
