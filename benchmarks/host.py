@@ -2,7 +2,7 @@
 
 State: ``--size`` float64 values (default 1M = 8 MiB); ``--steps`` steps (default 2000). Step:
 explicit diffusion with a cubic sink and a source field ``q`` (the parameters),
-``u <- u + r lap(u) + dt (q - c u^3)``, updated in place. Loss ``J = 0.5 |u_N|^2``; the gradient
+``u <- u + R lap(u) - DT C u^3 + q``, updated in place. Loss ``J = 0.5 |u_N|^2``; the gradient
 is taken with respect to ``q`` (8 MiB as well).
 
 Rows (each in its own subprocess; peak RSS is that process's own ``VmHWM`` from ``/proc/self/status``):
@@ -35,50 +35,51 @@ ROWS = ["forward", "storeall", "revolve", "multilevel", "pyrevolve"]
 
 # ----------------------------------------------------------------------------- the problem
 class Heat:
-    """In-place explicit heat step with a cubic sink; preallocated work arrays."""
+    """In-place explicit heat step with a cubic sink, ``u <- (1 - 2R) u + R (u_l + u_r)
+    - DT C u^3 + s`` (zero outside the grid); ``s`` is the source per step (the parameters).
+    Preallocated work arrays; about 23 memory passes of the state per step, 20 per adjoint."""
 
     def __init__(self, size: int):
         self.w = np.empty(size)
         self.t = np.empty(size)
 
-    def lap(self, u, out):
-        out[1:-1] = u[:-2]
-        out[1:-1] += u[2:]
+    @staticmethod
+    def neighbours(u, out):
+        np.add(u[:-2], u[2:], out=out[1:-1])
         out[0] = u[1]
         out[-1] = u[-2]
-        np.multiply(u, 2.0, out=self.t)
-        out -= self.t
         return out
 
-    def forward(self, n, u, q):
+    def forward(self, n, u, s):
         w, t = self.w, self.t
-        self.lap(u, w)
-        w *= R
+        self.neighbours(u, w)
         np.multiply(u, u, out=t)
         t *= u
         t *= -DT * C
-        w += t
-        np.multiply(q, DT, out=t)
-        w += t
+        u *= 1 - 2 * R
+        w *= R
         u += w
+        u += t
+        u += s
         return u
 
-    def vjp(self, n, u, q, lam):
-        out = np.empty_like(lam)
-        self.lap(lam, out)
+    def vjp(self, n, u, s, lam):
+        t = self.t
+        out = self.neighbours(lam, np.empty_like(lam))
         out *= R
-        np.multiply(u, u, out=self.t)
-        self.t *= -3 * DT * C
-        self.t *= lam
-        out += self.t
-        out += lam
-        return out, DT * lam
+        np.multiply(u, u, out=t)
+        t *= lam
+        t *= -3 * DT * C
+        out += t
+        np.multiply(lam, 1 - 2 * R, out=t)
+        out += t
+        return out, lam
 
 
 def problem(size):
     x = np.linspace(0.0, 1.0, size)
     u0 = np.sin(np.pi * x) + 0.2 * np.sin(7 * np.pi * x)
-    q = 0.5 * np.cos(3 * np.pi * x)
+    q = 0.5 * DT * np.cos(3 * np.pi * x)
     return u0, q
 
 
