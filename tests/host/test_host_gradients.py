@@ -316,3 +316,29 @@ def test_vjp_keep_false_frees_as_it_goes(schedule, tmp_path):
     for lvl, (pk, pkk) in enumerate(zip(peak, peak_keep)):
         assert pk <= max_slots[lvl] * state_bytes
         assert pk <= pkk
+
+
+def test_jax_step_is_traced_once():
+    """Forward and VJP of a JAX step compile once, whatever the step index or run."""
+    traces = []
+
+    def step(n, u, a):
+        traces.append(n)
+        return u + 0.1 * jnp.sin(a * u + n)
+
+    loss = rh.Final(lambda n, u, a: jnp.sum(u**2))
+    rh.value_and_grad(step, loss, np.ones(3), 1.2, 17, schedule=rs.Revolve(3))
+    rh.value_and_grad(step, loss, np.ones(3), 1.5, 9, schedule=rs.Revolve(4),
+                      storage=rh.Disk())
+    assert len(traces) == 2  # one trace for forward, one for the VJP
+
+
+def test_mixed_numpy_step_with_jax_loss_and_jax_step_with_numpy_loss():
+    s0, p = P.state0(), P.params0()
+    J1, g1 = rh.value_and_grad(P.NP_STEP, P.JAX_LOSS, s0, p, N, schedule=rs.Revolve(3))
+    J2, g2 = rh.value_and_grad(P.jax_step, P.NP_LOSS, s0, p, N, schedule=rs.Revolve(3))
+    J3, g3 = rh.value_and_grad(P.NP_STEP, P.NP_LOSS, s0, p, N, schedule=rs.StoreAll())
+    for J, g in ((J1, g1), (J2, g2)):
+        assert J == pytest.approx(J3, rel=1e-13)
+        for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g3)):
+            np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-14)

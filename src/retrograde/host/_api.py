@@ -148,6 +148,8 @@ class HessianProduct(NamedTuple):
 class _AugLoss:
     """Loss term of the tangent-augmented loop: value ``f`` (primal), gradient that of ``f_dot``."""
 
+    is_jax = True
+
     def __init__(self, term: Running | Final):
         f = term.f
         self.running = isinstance(term, Running)

@@ -147,7 +147,8 @@ class ForwardPass:
             )
         self._step = step
         self._losses = losses
-        self._params = params
+        # a JAX step gets its parameters on the device once, not at every call
+        self._params = jax.device_put(params) if step.is_jax else params
         self._schedule = schedule
         self._levels = schedule.levels
         self._progress = _progress_enabled(progress, n_steps)
@@ -257,6 +258,12 @@ class ForwardPass:
     # ------------------------------------------------------------------ helpers
     def _running(self):
         return [L for L in self._losses if L.running]
+
+    def _loss_grad(self, L, n, state):
+        s_bar, p_bar = L.grad(n, state, self._params)
+        if L.is_jax and not self._step.is_jax:  # a hand-written adjoint gets NumPy arrays
+            s_bar, p_bar = tree_map(np.asarray, s_bar), tree_map(np.asarray, p_bar)
+        return s_bar, p_bar
 
     def _plain(self, n, state):
         self.counts.plain += 1
@@ -427,7 +434,7 @@ class ForwardPass:
                 J += L.value(N, final_state, self._params)
             if N == 0 and L.running:
                 continue  # the running sum starts at u_1
-            s_bar, p_bar = L.grad(N, final_state, self._params)
+            s_bar, p_bar = self._loss_grad(L, N, final_state)
             gs, gp = _add(gs, s_bar), _add(gp, p_bar)
         self._final_grad = (gs, gp) if gs is not None else (None, None)
         if self._final_grad[0] is None:
@@ -493,7 +500,7 @@ class ForwardPass:
                     g_state = None
                     if n >= 1:
                         for L in running:
-                            s_bar, p_bar = L.grad(n, state, params)
+                            s_bar, p_bar = self._loss_grad(L, n, state)
                             g_state = _add(g_state, _scale(s_bar, loss_bar))
                             pbar = _add(pbar, _scale(p_bar, loss_bar))
                     s_bar, p_bar = self._step.vjp(n, state, params, lam)
