@@ -6,7 +6,7 @@ markdown table; then the worst ratio per ``s`` over a scan of every ``N`` up to 
 sweep of the placement rule gives the totals for all ``N`` at once). A sample of the table is
 re-checked with the validating simulator.
 
-    python benchmarks/schedules.py            # about half a minute
+    python benchmarks/schedules.py            # about 20 s
     python benchmarks/schedules.py --n-max 20000
 """
 

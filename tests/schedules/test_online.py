@@ -18,6 +18,8 @@ from retrograde.schedules import (
     simulate,
 )
 from retrograde.schedules._online import (
+    _Placement,
+    _t,
     _totals,
     online_store_slot,
     online_targets,
@@ -102,6 +104,25 @@ def test_optimal_held_set_at_epoch_ends(s):
         if n + 1 in ends:
             assert tuple(sorted(held)) == online_targets(n, s)
             assert segment_cost(held, n + 1, s) + max(held) == revolve_optimum(n + 1, s)
+
+
+@pytest.mark.parametrize("s", [1, 2, 3, 4, 7, 16, 44])
+def test_incremental_placement_matches_pure_rule(s):
+    # on_step and the fast totals use an incremental engine; it must decide exactly as the
+    # documented pure rule.
+    engine, held = _Placement(s), [-1] * s
+    for n in range(1500):
+        k = online_store_slot(n, held, s)
+        decision = engine.decide(n)
+        assert decision == (None if k < 0 else (k, held[k])), (n, s)
+        if k >= 0:
+            held[k] = n
+        assert engine.held == held
+        assert engine.reversal_cost(n + 1) == segment_cost(held, n + 1, s)
+
+
+def test_two_slot_cost_closed_form():
+    assert all(_t(n, 2) == revolve_optimum(n, 2) for n in range(1, 3000))
 
 
 def test_store_slot_is_pure():

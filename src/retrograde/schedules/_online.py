@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
+from math import isqrt
 
 from ._actions import Action, End, Free, Record, Restore, Store
 from ._base import Level, OnlineRun, OnlineSchedule, check_snapshots, check_steps
@@ -50,6 +51,11 @@ def _t(n: int, s: int) -> int:
         return 0
     if s == 1:
         return n * (n - 1) // 2
+    if s == 2:  # beta(2, r) = (r + 1)(r + 2) / 2
+        r = max(0, (isqrt(8 * n + 1) - 3) // 2)
+        while (r + 1) * (r + 2) // 2 < n:
+            r += 1
+        return r * n - r * (r + 1) * (r + 2) // 6
     r, b = 0, 1
     while b < n:
         r += 1
@@ -178,6 +184,91 @@ def online_store_slot(n: int, held: Sequence[int], snapshots: int) -> int:
     return order[best_j]
 
 
+class _Placement:
+    """The rule of :func:`online_store_slot`, incrementally: the held steps are kept sorted and
+    the candidate costs that do not depend on ``n`` are cached until the held set or the epoch
+    changes, so a step without a store costs ``O(1)`` evaluations of ``t`` (a store, ``O(s)``).
+    Makes exactly the decisions of :func:`online_store_slot` (tested)."""
+
+    def __init__(self, snapshots: int):
+        self.s = snapshots
+        self.h: list[int] = []  # held steps, increasing
+        self.slot: list[int] = []  # slot of each held step
+        self.held = [-1] * snapshots  # step held in each slot
+        self.epoch_end = 0
+        self.targets: frozenset[int] = frozenset()
+        self.fresh = False  # the cached costs below match self.h
+        self.picked = False  # self.j_min matches self.h and self.targets
+
+    def _refresh(self) -> None:
+        s, h = self.s, self.h
+        a = [_t(h[i + 1] - h[i], s - i) for i in range(s - 1)]
+        self.head = sum(a)  # segments but the last, at their own index
+        self.head_but_one = self.head - a[s - 2] if s >= 2 else 0
+        # C[j] (1 <= j <= s-2): cost of dropping h[j], without the last segment's t(n - h[-1], 2)
+        tail = 0  # sum of t(h[i+1] - h[i], s - i + 1) for i = j+1 .. s-2
+        prefix = self.head_but_one  # sum(a[: j - 1]) for j = s - 2, walking down
+        c = [0] * (s - 1)
+        for j in range(s - 2, 0, -1):
+            prefix -= a[j - 1]
+            c[j] = prefix + _t(h[j + 1] - h[j - 1], s - j + 1) + tail
+            tail += _t(h[j + 1] - h[j], s - j + 1)
+        self.c = c
+        self.fresh = True
+        self.picked = False
+
+    def decide(self, n: int) -> tuple[int, int] | None:
+        """``(slot, dropped step or -1)`` where ``u_n`` goes, or ``None``."""
+        s, h = self.s, self.h
+        if len(h) < s:
+            k = len(h)  # slots fill in order and are not emptied while the loop runs
+            self._store(k, len(h), n)
+            return k, -1
+        if s == 1:
+            return None
+        if n + 1 > self.epoch_end:
+            self.epoch_end = _epoch(n + 1, s)[1]
+            self.targets = frozenset(online_targets(n, s))
+            self.picked = False
+        if not self.fresh:
+            self._refresh()
+        targets = self.targets
+        if not self.picked:
+            self.j_min, self.c_min = -1, 0
+            for j in range(1, s - 1):
+                if h[j] not in targets and (self.j_min < 0 or self.c[j] < self.c_min):
+                    self.j_min, self.c_min = j, self.c[j]
+            self.picked = True
+        best_j, best = self.j_min, self.c_min + _t(n - h[s - 1], 2)
+        if h[s - 1] not in targets:
+            cost = self.head_but_one + _t(n - h[s - 2], 2)
+            if best_j < 0 or cost < best:
+                best_j, best = s - 1, cost
+        if best_j < 0:
+            return None
+        if n not in targets and best >= self.head + _t(n + 1 - h[s - 1], 1):
+            return None
+        k, old = self.slot[best_j], h[best_j]
+        del h[best_j], self.slot[best_j]
+        self._store(k, len(h), n)
+        return k, old
+
+    def _store(self, k: int, at: int, n: int) -> None:
+        self.h.insert(at, n)
+        self.slot.insert(at, k)
+        self.held[k] = n
+        self.fresh = False
+
+    def reversal_cost(self, n_steps: int) -> int:
+        """:func:`segment_cost` of the held set for ``n_steps`` (at least one step taken)."""
+        s, h = self.s, self.h
+        if len(h) < s:
+            return segment_cost(h, n_steps, s)
+        if not self.fresh:
+            self._refresh()
+        return self.head + _t(n_steps - h[-1], 1)
+
+
 def _reverse_held(held: Sequence[int], n_steps: int) -> Iterator[Action]:
     """Reverse ``n_steps`` steps from the snapshots ``held`` (per slot, ``-1`` empty), last
     segment first, each with Revolve and every slot not held by an earlier snapshot."""
@@ -206,7 +297,7 @@ def _reverse_held(held: Sequence[int], n_steps: int) -> Iterator[Action]:
 
 class _OnlineRun(OnlineRun):
     def __init__(self, snapshots: int):
-        self._held = [-1] * snapshots
+        self._placement = _Placement(snapshots)
         self._next = 0
         self._reversed = False
 
@@ -219,11 +310,10 @@ class _OnlineRun(OnlineRun):
                 f"n={self._next}."
             )
         self._next += 1
-        k = online_store_slot(n, self._held, len(self._held))
-        if k < 0:
+        decision = self._placement.decide(n)
+        if decision is None:
             return ()
-        old = self._held[k]
-        self._held[k] = n
+        k, old = decision
         if old < 0:
             return (Store(n, k, 0),)
         return (Free(old, k, 0), Store(n, k, 0))
@@ -238,7 +328,7 @@ class _OnlineRun(OnlineRun):
                 f"n_steps must be {self._next}."
             )
         self._reversed = True
-        return _reverse_held(tuple(self._held), n_steps)
+        return _reverse_held(tuple(self._placement.held), n_steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,8 +340,9 @@ class Online(OnlineSchedule):
     Cost: ``N`` plain evaluations forward, :func:`segment_cost` of the held set to reverse, ``N``
     recorded. Total evaluations are within 5% of the offline optimum ``t(N, s) + N`` for every
     ``40 <= N <= 1e5`` and ``s`` in ``{4, 8, 16, 44}`` (see the module docstring for figures).
-    Peak slots: ``min(s, N)``. Memory to generate the actions: ``O(s)``; time ``O(s)`` integer work
-    per forward step.
+    Peak slots: ``min(s, N)``. Memory to generate the actions: ``O(s)``. ``on_step`` costs ``O(1)``
+    evaluations of ``t`` when it stores nothing and ``O(s)`` when it stores (the held set's costs
+    are cached); the decisions are exactly those of :func:`online_store_slot`.
 
     Args:
         snapshots: slots for snapshots, the one holding the initial state included (``>= 1``).
@@ -279,19 +370,9 @@ class Online(OnlineSchedule):
 def _totals(snapshots: int, n_max: int) -> list[int]:
     """Total evaluations (plain + recorded) of ``Online(snapshots)`` for every ``N`` in
     ``0 .. n_max``, from one forward sweep: ``2 N + segment_cost(held after N steps, N)``."""
-    s = snapshots
-    held = [-1] * s
+    placement = _Placement(snapshots)
     out = [0]
-    head = 0  # cost of all segments but the last, for the current held set
-    last = 0  # step number of the last held snapshot
     for n in range(n_max):
-        k = online_store_slot(n, held, s)
-        if k >= 0:
-            held[k] = n
-            h = sorted(p for p in held if p >= 0)
-            head = sum(_t(h[i + 1] - h[i], s - i) for i in range(len(h) - 1))
-            last = h[-1]
-            slots_last = s - (len(h) - 1)
-        N = n + 1
-        out.append(2 * N + head + _t(N - last, slots_last))
+        placement.decide(n)
+        out.append(2 * (n + 1) + placement.reversal_cost(n + 1))
     return out
