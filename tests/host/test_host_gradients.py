@@ -157,11 +157,11 @@ def test_repeated_vjp_on_one_handle(schedule, kind, tmp_path):
 
 
 @pytest.mark.parametrize("kind", STORAGES)
-def test_replay_m0_m1_m0(kind, tmp_path):
+@pytest.mark.parametrize("sched", SCHEDS, ids=IDS)
+def test_replay_m0_m1_m0(sched, kind, tmp_path):
     """Gradients at m0, then m1, then m0 again each equal a fresh computation."""
-    sched = rs.Revolve(4)
     p0, p1 = P.params0(0), P.params0(5)
-    storage = rh.Memory() if kind == "memory" else rh.Disk(tmp_path)
+    storage = _storage(kind, sched, tmp_path)
 
     def run(p):
         return rh.value_and_grad(P.NP_STEP, P.NP_LOSS, P.state0(), p, N, schedule=sched,
@@ -202,6 +202,12 @@ def test_online_until(tmp_path):
             g = fp.vjp()
             g2 = fp.vjp()
         assert 10 < n_steps < 30
+        # Hessian-vector product through the same online schedule
+        d = {"dt": np.float64(0.0), "w": np.float64(1.0)}
+        h = rh.hvp(step, loss, s0, p, None, d, until=until, schedule=sched, storage=storage)
+        h_ref = rh.hvp(step, loss, s0, p, n_steps, d, schedule=rs.StoreAll())
+        np.testing.assert_allclose(h.hvp.params["w"], h_ref.hvp.params["w"], rtol=1e-12)
+        np.testing.assert_allclose(h.hvp.state0["u"], h_ref.hvp.state0["u"], rtol=1e-12)
         J_ref, g_ref = rh.value_and_grad(step, loss, s0, p, n_steps, schedule=rs.StoreAll())
         assert fp.value == pytest.approx(J_ref, rel=1e-14)
         for x, y, z in zip(*(jax.tree_util.tree_leaves(t) for t in (g, g_ref, g2))):
@@ -210,10 +216,11 @@ def test_online_until(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("kind", STORAGES)
 @pytest.mark.parametrize("schedule", SCHEDS, ids=IDS)
-def test_hvp_against_jax_hessian(schedule, tmp_path, hvp_reference):
+def test_hvp_against_jax_hessian(schedule, kind, tmp_path, hvp_reference):
     (s0, p, pd, sd), J, (gp, gs), (hp, hs) = hvp_reference
-    storage = rh.Disk(tmp_path) if len(schedule.levels) == 1 else None
+    storage = _storage(kind, schedule, tmp_path)
     r = rh.hvp(P.jax_step, P.JAX_LOSS, s0, p, N, pd, sd, schedule=schedule, storage=storage)
     np.testing.assert_allclose(r.value, J, rtol=1e-13)
     np.testing.assert_allclose(r.hvp.params["a"], hp["a"], rtol=1e-10, atol=1e-12)

@@ -9,6 +9,7 @@ the state the first sweep ended on. Snapshots made by a reverse part are freed w
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
 from collections.abc import Callable, Iterator
@@ -380,6 +381,10 @@ class ForwardPass:
                 N = n
                 cur = N
                 self._prefix_len = None
+                try:
+                    self._online_saved = copy.deepcopy(self._online_run)
+                except Exception:  # not copyable: later vjp calls replay the run instead
+                    self._online_saved = None
             else:
                 N = n_steps
                 prefix = 0
@@ -457,9 +462,11 @@ class ForwardPass:
             for _ in range(self._prefix_len):
                 next(it)
             return it
+        if self._online_saved is not None:  # a copy of the run as the forward sweep left it
+            return copy.deepcopy(self._online_saved).reverse(N)
         if self._vjp_calls == 0:
             return self._online_run.reverse(N)
-        # a later vjp: replay the (deterministic) online run to the same point
+        # a later vjp, and the run could not be copied: replay it (it is deterministic)
         run = sched.start()
         for n in range(N):
             run.on_step(n)
