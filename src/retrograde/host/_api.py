@@ -66,6 +66,11 @@ def forward(
     schedules shipped); memory: the snapshots of that sweep until closed, plus the snapshots of a
     running ``vjp``.
 
+    MPI: when each rank steps its own part of a distributed state, call this on every rank with
+    the same schedule and step count (an ``until`` must return the same answer on every rank,
+    e.g. after an allreduce); each rank keeps its own snapshots (``Disk`` names its directory and
+    files by rank), and ``params`` cotangents are per rank (sum them yourself if shared).
+
     Example:
         >>> import jax.numpy as jnp
         >>> import retrograde.host as rh

@@ -431,8 +431,9 @@ class ForwardPass:
                     bar.update()
         finally:
             bar.close()
-        self.state = _copy_tree(state)
-        final_state = _copy_tree(state)
+        self.state = _copy_tree(state)  # the step may own (and later reuse) its output arrays
+        del state
+        final_state = self.state
         gs, gp = None, None
         for L in self._losses:
             if not L.running:
