@@ -189,3 +189,15 @@ def test_memory_independent_of_n():
 
     small, big = peak(300), peak(3_000)
     assert big < small + 4096, (small, big)
+
+
+def test_run_can_be_copied_before_reverse():
+    # retrograde.host deep-copies a run after the forward sweep to reverse it more than once.
+    import copy
+
+    run = Online(5).start()
+    for n in range(300):
+        run.on_step(n)
+    first = list(copy.deepcopy(run).reverse(300))
+    second = list(copy.deepcopy(run).reverse(300))
+    assert first == second == list(run.reverse(300))
