@@ -82,13 +82,21 @@ class MultiLevel(OfflineSchedule):
       of steps). Segment lengths are pruned with the bound that Revolve(h, s) reads its start slot
       at most ``r(h, s)`` times (checked by the tests).
 
-    Otherwise (nonzero level-0 costs, a limited slow level, three or more distinct levels) the
-    plan is the best of (a) the chain DP above with per-level slot counts (level-0 segments use
-    Revolve; limited levels try all segment lengths up to 64, then a 6% grid up to 8192) and
-    (b) Stumm & Walther's multistage heuristic: Revolve with all limited slots, the most-read slots
-    on the fastest levels. Against the exhaustive DP on 600 random 2-3 level instances
-    (``N <= 28``) the worst gap was 9.2%. Both are valid; (a) contains Revolve on level 0 alone,
-    so the cost never exceeds ``Revolve(levels[0].slots)``'s cost under level 0's costs.
+    Otherwise (nonzero level-0 costs, a limited slow level, three or more distinct levels):
+
+    * small instances (``V P N^2 / 2 <= 4e7`` for ``V`` levels and ``P`` vectors of free slots on
+      the limited levels: e.g. ``N <= 1000`` with 10 fast slots and an unlimited slow level, or
+      ``N <= 570`` with two levels of 10 slots) are solved exactly by
+      an exhaustive DP over all recursive schedules (every segment start stored on any level with
+      a free slot, or moved to a faster level, every split point tried; H-Revolve's setting);
+    * larger ones get the best of (a) the chain DP above with per-level slot counts (level-0
+      segments use Revolve; limited levels try all segment lengths up to 64, then a 6% grid up
+      to 8192) and (b) Stumm & Walther's multistage heuristic: Revolve with all limited slots,
+      the most-read slots on the fastest levels. Against the exhaustive DP on 1200 random 2-3
+      level instances (``N <= 28``) their worst gap was 11.4% (mean 0.25%, 87% exact).
+
+    Every plan is valid, and every plan contains Revolve on level 0 alone as a candidate, so the
+    cost never exceeds ``Revolve(levels[0].slots)``'s cost under level 0's costs.
 
     **Generation cost.** ``O(N)`` memory for the tables; time ``O(N |C| + J^2)`` where ``J`` is the
     longest useful chain segment and ``C`` the candidate segment lengths (about 0.1-1 s at
@@ -160,7 +168,9 @@ class MultiLevel(OfflineSchedule):
         n_steps = check_steps(n_steps)
         if n_steps:
             plan = _plan(self.levels, float(self.forward_cost), n_steps)
-            if plan.slot_map is not None:
+            if plan.exact is not None:
+                yield from _emit_exact(plan, n_steps)
+            elif plan.slot_map is not None:
                 yield from _emit_multistage(plan, n_steps)
             else:
                 yield from _emit_chain(plan, n_steps)
@@ -179,6 +189,8 @@ class _Plan:
     slot_map: list | None = None  # multistage: Revolve slot -> (level, slot)
     snapshots: int = 0  # multistage: Revolve's slot count
     vmap: list | None = None  # pooled fast slot -> (level, slot) when leading levels are merged
+    front: int = 1  # levels pooled into the first (virtual) level
+    exact: tuple | None = None  # tables of the exhaustive DP
 
 
 def _binomial(n_max: int, s: int) -> tuple[np.ndarray, np.ndarray]:
@@ -273,6 +285,7 @@ def _plan(levels: tuple[Level, ...], uf: float, n: int) -> _Plan:
     ub = m_cost.copy()
     segs: dict[int, tuple[list, np.ndarray]] = {}
     one_d: dict[int, np.ndarray] = {}
+    j_capped = False
     for k in range(front, len(levels)):
         wk, rk = levels[k].write_cost, levels[k].read_cost
         ubk = np.minimum(ub, lb + rk * rep1) if not (w0 or r0) else ub
@@ -285,6 +298,8 @@ def _plan(levels: tuple[Level, ...], uf: float, n: int) -> _Plan:
             j_max = int(j[keep[-1]]) if keep.size else 1
         else:  # a limited level may need long segments: splitting them costs a slot
             j_max = n - 1
+        if levels[k].slots is None and j_max > _J_CAP:
+            j_capped = True
         j_max = max(1, min(j_max, _J_CAP, n - 1))
         b, choice = _one_d(m_cost, j_max, uf, rk)
         js = np.arange(2, j_max + 1)
@@ -368,7 +383,89 @@ def _plan(levels: tuple[Level, ...], uf: float, n: int) -> _Plan:
     if limited:
         ms = _multistage(levels, uf, n, s0)
         if ms is not None and ms.cost < plan.cost - _TOL:
-            return ms
+            plan = ms
+    proven = not (w0 or r0) and len(levels) - front == 1 and not limited and j_capped is False
+    if not proven:
+        vlevels = (Level(s0, w0, r0),) + levels[front:]
+        ex = _exact(vlevels, uf, n)
+        if ex is not None and ex.cost < plan.cost - _TOL:
+            ex.vmap, ex.front = vmap, front
+            plan = ex
+    return plan
+
+
+_EXACT_BUDGET = 40_000_000  # element-operations of the exhaustive DP
+
+
+def _exact(vlevels: tuple[Level, ...], uf: float, n: int) -> _Plan | None:
+    """Exhaustive DP over recursive schedules on any levels, when it is small enough.
+
+    ``G(m, F, loc)``: reverse ``m`` steps whose start is at hand, held on level ``loc`` (or not
+    stored yet: ``loc = None``), with ``F`` free slots per limited level. A stored start either
+    moves to a faster level, or the schedule advances ``j`` steps, reverses the right part
+    (``G(m - j, F, None)``), restores the start and reverses the left part (``G(j, F, loc)``).
+    Work ``O(V P N^2)`` element-operations for ``V`` levels and ``P`` free-slot vectors.
+    """
+    nv = len(vlevels)
+    limited = [k for k in range(nv) if vlevels[k].slots is not None]
+    caps = {k: min(vlevels[k].slots, n) for k in limited}
+    stride: dict[int, int] = {}
+    size = 1
+    for k in reversed(limited):
+        stride[k] = size
+        size *= caps[k] + 1
+    if nv * size * n * n // 2 > _EXACT_BUDGET or size * (n + 1) > 2_000_000:
+        return None
+    idx = np.arange(size)
+    free = {k: (idx // stride[k]) % (caps[k] + 1) for k in limited}
+    w = [lvl.write_cost for lvl in vlevels]
+    r = [lvl.read_cost for lvl in vlevels]
+    g = [np.full((size, n + 1), np.inf) for _ in range(nv)]
+    g_none = np.full((size, n + 1), np.inf)
+    ch = [np.zeros((size, n + 1), dtype=np.int32) for _ in range(nv)]  # j > 0 split, -1-l move
+    ch_none = np.zeros((size, n + 1), dtype=np.int8)
+    for k in range(nv):
+        g[k][:, 1] = 0.0
+    g_none[:, 1] = 0.0
+    jj = uf * np.arange(1, n)
+    for m in range(2, n + 1):
+        right = g_none[:, m - 1 : 0 : -1]  # j = 1..m-1 -> G(m - j, F, None)
+        for loc in range(nv):
+            vals = right + g[loc][:, 1:m] + jj[: m - 1] + r[loc]
+            j = vals.argmin(axis=1)
+            best = vals[idx, j]
+            choice = (j + 1).astype(np.int32)
+            for l2 in range(loc):
+                ok = np.ones(size, dtype=bool)
+                src = idx.copy()
+                if l2 in stride:
+                    ok &= free[l2] >= 1
+                    src = src - stride[l2]
+                if loc in stride:
+                    ok &= free[loc] < caps[loc]
+                    src = src + stride[loc]
+                src = np.where(ok, src, 0)
+                cand = np.where(ok, w[l2] + g[l2][src, m], np.inf)
+                better = cand < best - _TOL
+                best = np.where(better, cand, best)
+                choice = np.where(better, -1 - l2, choice)
+            g[loc][:, m], ch[loc][:, m] = best, choice
+        best = np.full(size, np.inf)
+        choice = np.zeros(size, dtype=np.int8)
+        for loc in range(nv):
+            if loc in stride:
+                ok = free[loc] >= 1
+                src = np.where(ok, idx - stride[loc], 0)
+                cand = np.where(ok, w[loc] + g[loc][src, m], np.inf)
+            else:
+                cand = w[loc] + g[loc][:, m]
+            better = cand < best - _TOL
+            best = np.where(better, cand, best)
+            choice = np.where(better, loc, choice)
+        g_none[:, m], ch_none[:, m] = best, choice
+    top = sum(caps[k] * stride[k] for k in limited)
+    plan = _Plan(float(g_none[top, n]), 0, [], {})
+    plan.exact = (ch, ch_none, stride, top, nv)
     return plan
 
 
@@ -487,3 +584,72 @@ def _emit_multistage(plan: _Plan, n: int) -> Iterator[Action]:
             yield t(act.step, slot, lvl)
         elif t is not End:
             yield act
+
+
+def _emit_exact(plan: _Plan, n: int) -> Iterator[Action]:
+    ch, ch_none, stride, top, nv = plan.exact
+
+    def real(vl: int, slot: int) -> tuple[int, int]:
+        if vl == 0:
+            return plan.vmap[slot] if plan.vmap is not None else (0, slot)
+        return plan.front + vl - 1, slot
+
+    free_slots = [[] for _ in range(nv)]
+    used = [0] * nv
+
+    def take(vl: int) -> int:
+        if free_slots[vl]:
+            return free_slots[vl].pop()
+        used[vl] += 1
+        return used[vl] - 1
+
+    # Tasks: ("seg", a, m, p, cell, at_hand) with cell = [level, slot] of the start or None;
+    # ("free", a, cell).
+    stack: list = [("seg", 0, n, top, None, True)]
+    while stack:
+        task = stack.pop()
+        if task[0] == "free":
+            _, a, cell = task
+            lvl, slot = real(*cell)
+            yield Free(a, slot, lvl)
+            free_slots[cell[0]].append(cell[1])
+            continue
+        _, a, m, p, cell, at_hand = task
+        while True:
+            if m == 1:
+                if not at_hand:
+                    lvl, slot = real(*cell)
+                    yield Restore(a, slot, lvl)
+                yield Record(a)
+                break
+            if cell is None:
+                vl = int(ch_none[p, m])
+                cell = [vl, take(vl)]
+                lvl, slot = real(*cell)
+                yield Store(a, slot, lvl)
+                stack.append(("free", a, cell))
+                if vl in stride:
+                    p -= stride[vl]
+                continue
+            if not at_hand:
+                lvl, slot = real(*cell)
+                yield Restore(a, slot, lvl)
+                at_hand = True
+            c = int(ch[cell[0]][p, m])
+            if c < 0:  # move the start to a faster level
+                l2 = -1 - c
+                old = cell[:]
+                cell[:] = [l2, take(l2)]
+                lvl, slot = real(*cell)
+                yield Store(a, slot, lvl)
+                lvl, slot = real(*old)
+                yield Free(a, slot, lvl)
+                free_slots[old[0]].append(old[1])
+                if l2 in stride:
+                    p -= stride[l2]
+                if old[0] in stride:
+                    p += stride[old[0]]
+                continue
+            yield Advance(a, a + c)
+            stack.append(("seg", a, c, p, cell, False))
+            a, m, cell = a + c, m - c, None
