@@ -507,31 +507,51 @@ def _mem(a: int, n: int, s0: int, vmap: list | None = None) -> Iterator[Action]:
     """Reverse steps ``a .. a+n-1`` with ``u_a`` at hand, using level 0 only (Revolve).
 
     Revolve stores the last state of a segment right before recording it (``Store(m)``,
-    ``Record(m)``, ``Free(m)``); that write is useless and is dropped here.
+    ``Record(m)``, ``Free(m)``); that write is useless and is dropped here. Chains repeat the
+    same segment lengths, so short segments are planned once and shifted.
     """
     if n == 1:
         yield Record(a)
         return
+    rel = _mem_relative(n, min(s0, n)) if n <= _SEGMENT_CACHE_STEPS else _mem_stream(n, s0)
     if vmap is not None:
-        for act in _mem(a, n, s0):
+        for act in rel:
             t = type(act)
-            if t is Store or t is Restore or t is Free:
+            if t is Record:
+                yield Record(act.step + a)
+            elif t is Advance:
+                yield Advance(act.start + a, act.stop + a)
+            else:
                 lvl, slot = vmap[act.slot]
-                act = t(act.step, slot, lvl)
-            yield act
-        return
-    yield Store(a, 0, 0)
+                yield t(act.step + a, slot, lvl)
+    elif not a:
+        yield from rel
+    else:
+        for act in rel:
+            t = type(act)
+            if t is Record:
+                yield Record(act.step + a)
+            elif t is Advance:
+                yield Advance(act.start + a, act.stop + a)
+            else:
+                yield t(act.step + a, act.slot, 0)
+
+
+_SEGMENT_CACHE_STEPS = 2048
+
+
+@functools.lru_cache(maxsize=64)
+def _mem_relative(n: int, s: int) -> tuple[Action, ...]:
+    return tuple(_mem_stream(n, s))
+
+
+def _mem_stream(n: int, s0: int) -> Iterator[Action]:
+    """:func:`_mem` for ``a = 0`` and ``n >= 2``, streamed from Revolve's ``_reverse``."""
+    yield Store(0, 0, 0)
     pending = None  # a Store held back until we know whether a Record of that step follows
     dropped = None
     for act in _reverse(n, min(s0, n)):
         t = type(act)
-        if a:
-            if t is Record:
-                act = Record(act.step + a)
-            elif t is Advance:
-                act = Advance(act.start + a, act.stop + a)
-            else:
-                act = t(act.step + a, act.slot, 0)
         if pending is not None:
             if t is Record and act.step == pending.step:
                 dropped, pending = pending, None
@@ -545,7 +565,7 @@ def _mem(a: int, n: int, s0: int, vmap: list | None = None) -> Iterator[Action]:
             dropped = None
         else:
             yield act
-    yield Free(a, 0, 0)
+    yield Free(0, 0, 0)
 
 
 def _emit_chain(plan: _Plan, n: int) -> Iterator[Action]:
