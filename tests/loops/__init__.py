@@ -1,0 +1,1 @@
+"""Tests of retrograde.scan / retrograde.fori_loop (the JAX loops)."""
