@@ -199,7 +199,7 @@ def run_row(row, steps, size, snapshots):
             raise SystemExit(f"unknown row {row!r}; choose from {ROWS}")
         with rh.forward(step, u0, q, steps, schedule=sched, loss=loss, storage=storage,
                         progress=False) as fp:
-            g = fp.vjp()
+            g = fp.vjp(keep=False)  # one gradient: free snapshots as the schedule does
             out["J"] = fp.value
             out["evals"] = fp.counts.plain + fp.counts.recorded
             out["writes"] = fp.counts.writes
