@@ -349,3 +349,14 @@ def test_mixed_numpy_step_with_jax_loss_and_jax_step_with_numpy_loss():
         assert J == pytest.approx(J3, rel=1e-13)
         for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(g3)):
             np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-14)
+
+
+def test_zero_params_bar_may_be_a_plain_zero():
+    """A step or loss that does not depend on (part of) params may return 0.0 for it."""
+    step = rh.Step(lambda n, u, p: u * p["a"], lambda n, u, p, b: (b * p["a"], 0.0))
+    loss = rh.Final(lambda n, u, p: np.sum(u**2), grad=lambda n, u, p: (2 * u, 0.0))
+    p = {"a": np.float64(1.1), "b": np.ones(2)}
+    J, g = rh.value_and_grad(step, loss, np.ones(3), p, 4, schedule=rs.Revolve(2))
+    assert J == pytest.approx(3 * 1.1**8)
+    assert isinstance(g.params, dict) and np.all(g.params["b"] == 0)
+    np.testing.assert_allclose(g.state0, 2 * 1.1**8 * np.ones(3))

@@ -70,10 +70,15 @@ def _copy_tree(tree):
     return tree_map(lambda x: np.array(x, copy=True), tree)
 
 
+def _is_plain_zero(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == 0
+
+
 def _add(a, b):
-    if a is None:
+    """Sum of two cotangent pytrees; ``None`` or a plain ``0``/``0.0`` stands for zeros."""
+    if a is None or _is_plain_zero(a):
         return b
-    if b is None:
+    if b is None or _is_plain_zero(b):
         return a
     return tree_map(lambda x, y: x + y, a, b)
 

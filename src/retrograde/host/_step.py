@@ -37,7 +37,7 @@ class Step:
         vjp: ``vjp(n, state, params, next_state_bar) -> (state_bar, params_bar)``: the transposed
             Jacobian of ``forward`` at ``(state, params)`` applied to the cotangent of its output.
             ``state_bar`` has the structure of ``state``, ``params_bar`` that of ``params`` (leaves
-            that carry no derivative may be ``0.0``). It receives the same ``state`` that
+            that carry no derivative may be ``0.0``, and so may all of it). It receives the same ``state`` that
             ``forward`` received (a private copy), so it may recompute intermediates itself.
         jvp: optional ``jvp(n, state, params, state_dot, params_dot) -> (next_state,
             next_state_dot)``, used only by :func:`retrograde.host.jvp`.
