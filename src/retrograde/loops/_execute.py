@@ -17,6 +17,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._body import Body, is_float
+from ._machine import P_DONE, init_state
+from ._machine import step as machine_step
+from ._placement import store_slot
 from ._plan import ADVANCE, RECORD, RESTORE, STORE, Plan
 
 
@@ -65,30 +68,18 @@ def _advance(body: Body, consts, xs, cur, a, b):
     return lax.fori_loop(a, b, lambda i, c: body(consts, c, _slice(xs, i))[0], cur)
 
 
-def adjoint(body: Body, plan: Plan, consts, carry0, xs, ck, carry_bar, ys_bar, ymask):
-    """Execute the schedule's reverse sweep (from ``ck = (slots, cur)``) or its whole stream
-    (``ck is None``), and return the cotangents of the float leaves of consts, carry_0 and xs.
+def _row_runner(body, consts, xs, ys_bar, ymask):
+    """The function ``(op, a, b, state) -> state`` that executes one action row.
 
-    ``carry_bar`` holds one cotangent per float carry leaf; ``ys_bar`` one per float ``y`` leaf
-    whose ``ymask`` entry is True (the others are zero and never materialised).
+    ``state = (cur, slots, kbar, cbar, xbar)``. Each row runs as: advance (a zero-trip loop unless
+    the row advances), then store, restore and record, each under a two-way cond that leaves its
+    operands untouched when the row is something else (a many-way switch would make XLA keep a
+    second copy of the slots). Any other opcode is a no-op.
     """
     fc = [is_float(a) for a in body.const_avals]
     fk = [is_float(a) for a in body.carry_avals]
     fx = [is_float(a) for a in body.x_avals]
     fy = [is_float(a) for a in body.y_avals]
-    n = plan.length
-    consts_bar = [jnp.zeros_like(c) for c, f in zip(consts, fc) if f]
-    xs_bar = [jnp.zeros_like(x) for x, f in zip(xs, fx) if f]
-    if n == 0:
-        return consts_bar, list(carry_bar), xs_bar
-    if ck is None:
-        rows = plan.rows
-        slots = _zeros(body.carry_avals, (plan.n_slots,))
-        cur = list(carry0)
-    else:
-        rows = plan.rows[plan.first_record :]
-        slots, cur = list(ck[0]), list(ck[1])
-    table = jnp.asarray(rows, jnp.int32)
     y_avals_f = [a for a, f in zip(body.y_avals, fy) if f]
     ybar_of = iter(ys_bar)
     ybar_full = [next(ybar_of) if m else None for m in ymask]
@@ -121,24 +112,130 @@ def adjoint(body: Body, plan: Plan, consts, carry0, xs, ck, carry_bar, ys_bar, y
         xbar = _put(xbar, dx, i)
         return cur, slots, list(dk), cbar, xbar
 
-    # Each row is executed as: advance (a zero-trip loop unless the row advances), then store,
-    # restore and record, each under a two-way cond that leaves its operands untouched when the
-    # row is something else. (A many-way switch would make XLA keep a second copy of the slots.)
-    def loop(r, state):
+    def run(op, a, b, state):
         cur, slots, kbar, cbar, xbar = state
-        op, a, b = table[r, 0], table[r, 1], table[r, 2]
         is_adv = op == ADVANCE
         cur = _advance(body, consts, xs, cur, jnp.where(is_adv, a, 0), jnp.where(is_adv, b, 0))
         slots = lax.cond(op == STORE, lambda s: _put(s, cur, b), lambda s: list(s), slots)
         cur = lax.cond(op == RESTORE, lambda c: _slice(slots, b), lambda c: list(c), cur)
-        cur, slots, kbar, cbar, xbar = lax.cond(
+        return lax.cond(
             op == RECORD,
             lambda st: record(a, *st),
             lambda st: tuple(list(v) for v in st),
             (cur, slots, kbar, cbar, xbar),
         )
-        return cur, slots, kbar, cbar, xbar
+
+    return run
+
+
+def _cotangent_init(body, consts, xs):
+    fc = [is_float(a) for a in body.const_avals]
+    fx = [is_float(a) for a in body.x_avals]
+    consts_bar = [jnp.zeros_like(c) for c, f in zip(consts, fc) if f]
+    xs_bar = [jnp.zeros_like(x) for x, f in zip(xs, fx) if f]
+    return consts_bar, xs_bar
+
+
+def adjoint(body: Body, plan: Plan, consts, carry0, xs, ck, carry_bar, ys_bar, ymask):
+    """Execute the schedule's reverse sweep (from ``ck = (slots, cur)``) or its whole stream
+    (``ck is None``), and return the cotangents of the float leaves of consts, carry_0 and xs.
+
+    ``carry_bar`` holds one cotangent per float carry leaf; ``ys_bar`` one per float ``y`` leaf
+    whose ``ymask`` entry is True (the others are zero and never materialised).
+    """
+    consts_bar, xs_bar = _cotangent_init(body, consts, xs)
+    if plan.length == 0:
+        return consts_bar, list(carry_bar), xs_bar
+    if ck is None:
+        rows = plan.rows
+        slots = _zeros(body.carry_avals, (plan.n_slots,))
+        cur = list(carry0)
+    else:
+        rows = plan.rows[plan.first_record :]
+        slots, cur = list(ck[0]), list(ck[1])
+    table = jnp.asarray(rows, jnp.int32)
+    run = _row_runner(body, consts, xs, ys_bar, ymask)
+
+    def loop(r, state):
+        return run(table[r, 0], table[r, 1], table[r, 2], state)
 
     state = (cur, slots, list(carry_bar), consts_bar, xs_bar)
     _, _, kbar, cbar, xbar = lax.fori_loop(0, table.shape[0], loop, state)
     return cbar, kbar, xbar
+
+
+# ----------------------------------------------------------------------------- unknown length
+
+
+def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry, save: bool):
+    """Run ``while cond(carry) and n < max_steps: carry = body(carry)``; with ``save``, place
+    snapshots by the ``Online`` rule as steps arrive. Returns ``(carry_N, N, slots, held)``."""
+    held = jnp.full((n_slots,), -1, jnp.int32)
+    slots = _zeros(body.carry_avals, (n_slots,)) if save else []
+    limit = jnp.iinfo(jnp.int32).max if max_steps is None else max_steps
+
+    def go(state):
+        n, carry, _, _ = state
+        _, (ok,) = cond(consts, [], carry)
+        return ok & (n < limit)
+
+    def one(state):
+        n, carry, slots, held = state
+        if save:
+            slots, held = _place(n, carry, slots, held, n_slots)
+        carry, _ = body(consts, carry, [])
+        return n + 1, carry, slots, held
+
+    n, carry, slots, held = lax.while_loop(go, one, (jnp.int32(0), list(carry), slots, held))
+    return carry, n, slots, held
+
+
+def _place(n, carry, slots, held, n_slots):
+    k = store_slot(n, held, n_slots)
+    slots = lax.cond(k >= 0, lambda s: _put(s, carry, k), lambda s: list(s), slots)
+    held = jnp.where(k >= 0, held.at[jnp.maximum(k, 0)].set(n), held)
+    return slots, held
+
+
+def advance_steps(body: Body, consts, carry, n_steps):
+    """``n_steps`` plain steps of a body without per-step inputs (traced count)."""
+    return _advance(body, consts, [], list(carry), 0, n_steps)
+
+
+def adjoint_while(body: Body, n_slots: int, n_steps, consts, carry0, ck, carry_bar):
+    """Reverse ``n_steps`` steps of a body without per-step inputs or outputs.
+
+    From ``ck = (slots, held)`` (the forward sweep's snapshots) or, with ``ck is None``, after
+    replaying the forward sweep's placement. Segments between held snapshots are reversed right to
+    left by the in-graph binomial machine. Returns cotangents of float consts and carry leaves.
+    """
+    consts_bar, _ = _cotangent_init(body, consts, [])
+    if ck is None:
+
+        def replay(n, state):
+            carry, slots, held = state
+            slots, held = _place(n, carry, slots, held, n_slots)
+            return body(consts, carry, [])[0], slots, held
+
+        init = (list(carry0), _zeros(body.carry_avals, (n_slots,)),
+                jnp.full((n_slots,), -1, jnp.int32))
+        _, slots, held = lax.fori_loop(0, n_steps, replay, init)
+    else:
+        slots, held = list(ck[0]), ck[1]
+    order = jnp.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held)).astype(jnp.int32)
+    starts = held[order]
+    n_seg = jnp.sum(held >= 0).astype(jnp.int32)
+    machine = init_state(n_slots, starts, order, n_seg, n_steps, False)
+    run = _row_runner(body, consts, [], [], ())
+
+    def go(state):
+        return state[0]["phase"] != P_DONE
+
+    def one(state):
+        m, rows_state = state
+        m, (op, a, b) = machine_step(m)
+        return m, run(op, a, b, rows_state)
+
+    state = (list(carry0), slots, list(carry_bar), consts_bar, [])
+    _, (_, _, kbar, cbar, _) = lax.while_loop(go, one, (machine, state))
+    return cbar, kbar

@@ -38,7 +38,7 @@ from jax._src.interpreters import ad, batching, mlir
 from jax.extend.core import Primitive
 
 from ._body import Body, batch_body, is_float, jvp_body, split
-from ._execute import adjoint, forward
+from ._execute import adjoint, adjoint_while, advance_steps, forward, forward_while
 from ._plan import compile_plan
 
 fwd_p = Primitive("retrograde_forward")
@@ -82,8 +82,11 @@ def _pick(mask, values):
     return [v for v, m in zip(values, mask) if m]
 
 
-def _ck_avals(body: Body, n_slots: int):
-    return [_timed(a, n_slots) for a in body.carry_avals] + list(body.carry_avals)
+def _ck_avals(body: Body, n_slots: int, dynamic: bool = False):
+    slots = [_timed(a, n_slots) for a in body.carry_avals]
+    if dynamic:
+        return slots + [core.ShapedArray((n_slots,), jnp.int32)]
+    return slots + list(body.carry_avals)
 
 
 def _undef(x) -> bool:
@@ -123,8 +126,20 @@ adj_p.def_effectful_abstract_eval(_adj_abstract)
 # ----------------------------------------------------------------------------- lowering
 
 
-def _ck_size(body, has_ck):
-    return 2 * body.nk if has_ck else 0
+def _ck_size(body, has_ck, length):
+    """Number of snapshot inputs: (slots, u_{N-1}) for a known length, (slots, held) otherwise."""
+    if not has_ck:
+        return 0
+    return 2 * body.nk if length is not None else body.nk + 1
+
+
+def _npre(length) -> int:
+    """A loop of unknown length takes its step count as a leading int32 input."""
+    return 0 if length is not None else 1
+
+
+def _n_slots(schedule, length) -> int:
+    return compile_plan(schedule, length).n_slots if length is not None else schedule.snapshots
 
 
 def _fwd_impl(*args, body, length, schedule, save):
@@ -136,9 +151,14 @@ def _fwd_impl(*args, body, length, schedule, save):
 def _tan_impl(*args, body, length, schedule, has_ck, masks):
     mc, mk, mx = masks
     child, _, _ = jvp_body(body, mc, mk, mx)
-    c, k, x, _, dc, dk, dx = split(
-        args, [body.nc, body.nk, body.nx, _ck_size(body, has_ck), sum(mc), sum(mk), sum(mx)]
+    pre, c, k, x, _, dc, dk, dx = split(
+        args,
+        [_npre(length), body.nc, body.nk, body.nx, _ck_size(body, has_ck, length), sum(mc),
+         sum(mk), sum(mx)],
     )
+    if length is None:
+        carry = advance_steps(child, [*c, *dc], [*k, *dk], pre[0])
+        return carry[body.nk :]
     plan = compile_plan(schedule, length)
     carry, ys, _, _ = forward(child, plan, [*c, *dc], [*k, *dk], [*x, *dx], save=False)
     return [*carry[body.nk :], *ys[body.ny :]]
@@ -146,10 +166,16 @@ def _tan_impl(*args, body, length, schedule, has_ck, masks):
 
 def _adj_impl(*args, body, length, schedule, has_ck, ymask):
     nkf = sum(_floats(body.carry_avals))
-    c, k, x, ckv, kbar, ybar = split(
-        args, [body.nc, body.nk, body.nx, _ck_size(body, has_ck), nkf, sum(ymask)]
+    pre, c, k, x, ckv, kbar, ybar = split(
+        args,
+        [_npre(length), body.nc, body.nk, body.nx, _ck_size(body, has_ck, length), nkf,
+         sum(ymask)],
     )
     ck = (ckv[: body.nk], ckv[body.nk :]) if has_ck else None
+    if length is None:
+        ck = (ckv[: body.nk], ckv[body.nk]) if has_ck else None
+        cbar, kbar0 = adjoint_while(body, schedule.snapshots, pre[0], c, k, ck, kbar)
+        return [*cbar, *kbar0]
     plan = compile_plan(schedule, length)
     cbar, kbar0, xbar = adjoint(body, plan, c, k, x, ck, kbar, ybar, ymask)
     return [*cbar, *kbar0, *xbar]
@@ -163,7 +189,7 @@ mlir.register_lowering(adj_p, mlir.lower_fun(_adj_impl, multiple_results=True))
 # ----------------------------------------------------------------------------- building blocks
 
 
-def apply_tangent(body, length, schedule, z, ckv, dz):
+def apply_tangent(body, length, schedule, z, ckv, dz, pre=()):
     """``J(z) dz`` as full leaf lists ``(carry_N_dot, ys_dot)`` with symbolic zeros.
 
     ``z = (consts, carry, xs)`` and ``dz`` alike (entries may be symbolic zeros); ``ckv`` are the
@@ -179,14 +205,14 @@ def apply_tangent(body, length, schedule, z, ckv, dz):
         return [_zero(a) for a in body.carry_avals], [_zero(a) for a in y_avals]
     _, mk, my = jvp_body(body, mc, mk0, mx)
     outs = tan_p.bind(
-        *c, *k, *x, *ckv, *_pick(mc, dc), *[_inst(t) for t in _pick(mk, dk)], *_pick(mx, dx),
+        *pre, *c, *k, *x, *ckv, *_pick(mc, dc), *[_inst(t) for t in _pick(mk, dk)], *_pick(mx, dx),
         body=body, length=length, schedule=schedule, has_ck=bool(ckv), masks=(mc, mk, mx),
     )
     tk, ty = split(outs, [sum(mk), sum(my)])
     return _expand(mk, tk, body.carry_avals), _expand(my, ty, y_avals)
 
 
-def apply_adjoint(body, length, schedule, z, ckv, kbar, ybar):
+def apply_adjoint(body, length, schedule, z, ckv, kbar, ybar, pre=()):
     """``J(z)^T w`` over the float leaves of ``z``; ``w = (kbar, ybar)`` are full leaf lists over
     the outputs (symbolic zeros allowed; non-float leaves ignored). Returns three lists of
     cotangents of the float leaves of consts, carry and xs."""
@@ -196,14 +222,14 @@ def apply_adjoint(body, length, schedule, z, ckv, kbar, ybar):
     ybar_f = [t for t, f in zip(ybar, fy) if f]
     ymask = tuple(_nz(t) for t in ybar_f)
     outs = adj_p.bind(
-        *c, *k, *x, *ckv, *kbar_f, *_pick(ymask, ybar_f),
+        *pre, *c, *k, *x, *ckv, *kbar_f, *_pick(ymask, ybar_f),
         body=body, length=length, schedule=schedule, has_ck=bool(ckv), ymask=ymask,
     )
     nfc, nfk = sum(_floats(body.const_avals)), sum(fk)
     return split(outs, [nfc, nfk, len(outs) - nfc - nfk])
 
 
-def adjoint_tangent(body, length, schedule, z, dz, w, dw):
+def adjoint_tangent(body, length, schedule, z, dz, w, dw, pre=()):
     """Tangent of ``z, w -> J(z)^T w`` along ``(dz, dw)``: ``J^T dw + Hess<w, F> dz``.
 
     ``w = (kbar, ybar)`` and ``dw`` are full leaf lists over the outputs (symbolic zeros
@@ -224,7 +250,9 @@ def adjoint_tangent(body, length, schedule, z, dz, w, dw):
     # Cotangent on the child's outputs: (dw on the primal half, w on the tangent half).
     kbar_child = [*dkbar, *_pick(mk, kbar)]
     ybar_child = [*dybar, *_pick(my, ybar)]
-    cc, kk, xx = apply_adjoint(child, length, schedule, (zc, zk, zx), [], kbar_child, ybar_child)
+    cc, kk, xx = apply_adjoint(
+        child, length, schedule, (zc, zk, zx), [], kbar_child, ybar_child, pre
+    )
     nfc = sum(_floats(body.const_avals))
     nfk = sum(_floats(body.carry_avals))
     nfx = sum(_floats(body.x_avals))
@@ -253,14 +281,15 @@ def _fwd_jvp(primals, tangents, *, body, length, schedule, save):
 def _tan_jvp(primals, tangents, *, body, length, schedule, has_ck, masks):
     mc, mk, mx = masks
     child, _, my = jvp_body(body, mc, mk, mx)
-    sizes = [body.nc, body.nk, body.nx, _ck_size(body, has_ck), sum(mc), sum(mk), sum(mx)]
-    c, k, x, _, dc, dk, dx = split(primals, sizes)
-    tc, tk, tx, _, tdc, tdk, tdx = split(tangents, sizes)
+    sizes = [_npre(length), body.nc, body.nk, body.nx, _ck_size(body, has_ck, length),
+             sum(mc), sum(mk), sum(mx)]
+    pre, c, k, x, _, dc, dk, dx = split(primals, sizes)
+    _, tc, tk, tx, _, tdc, tdk, tdx = split(tangents, sizes)
     out = tan_p.bind(*primals, body=body, length=length, schedule=schedule, has_ck=has_ck,
                      masks=masks)
     zk, zy = apply_tangent(
         child, length, schedule, ([*c, *dc], [*k, *dk], [*x, *dx]), [],
-        ([*tc, *tdc], [*tk, *tdk], [*tx, *tdx]),
+        ([*tc, *tdc], [*tk, *tdk], [*tx, *tdx]), pre,
     )
     return out, [*zk[body.nk :], *zy[body.ny :]]
 
@@ -268,9 +297,10 @@ def _tan_jvp(primals, tangents, *, body, length, schedule, has_ck, masks):
 def _adj_jvp(primals, tangents, *, body, length, schedule, has_ck, ymask):
     fk, fy = _floats(body.carry_avals), _floats(body.y_avals)
     nkf = sum(fk)
-    sizes = [body.nc, body.nk, body.nx, _ck_size(body, has_ck), nkf, sum(ymask)]
-    c, k, x, _, kbar, ybar = split(primals, sizes)
-    tc, tk, tx, _, tkbar, tybar = split(tangents, sizes)
+    sizes = [_npre(length), body.nc, body.nk, body.nx, _ck_size(body, has_ck, length), nkf,
+             sum(ymask)]
+    pre, c, k, x, _, kbar, ybar = split(primals, sizes)
+    _, tc, tk, tx, _, tkbar, tybar = split(tangents, sizes)
     out = adj_p.bind(*primals, body=body, length=length, schedule=schedule, has_ck=has_ck,
                      ymask=ymask)
     y_avals = [_timed(a, length) for a in body.y_avals]
@@ -284,7 +314,7 @@ def _adj_jvp(primals, tangents, *, body, length, schedule, has_ck, ymask):
     )
     if not any(_nz(t) for t in [*tc, *tk, *tx, *tkbar, *tybar]):
         return out, [_zero(core.typeof(o)) for o in out]
-    cc, kk, xx = adjoint_tangent(body, length, schedule, (c, k, x), (tc, tk, tx), w, dw)
+    cc, kk, xx = adjoint_tangent(body, length, schedule, (c, k, x), (tc, tk, tx), w, dw, pre)
     return out, [*cc, *kk, *xx]
 
 
@@ -299,19 +329,20 @@ ad.primitive_jvps[adj_p] = _adj_jvp
 def _tan_transpose(cts, *args, body, length, schedule, has_ck, masks):
     mc, mk, mx = masks
     _, _, my = jvp_body(body, mc, mk, mx)
-    sizes = [body.nc, body.nk, body.nx, _ck_size(body, has_ck), sum(mc), sum(mk), sum(mx)]
-    c, k, x, ckv, dc, dk, dx = split(args, sizes)
-    if any(_undef(v) for v in [*c, *k, *x, *ckv]):
+    sizes = [_npre(length), body.nc, body.nk, body.nx, _ck_size(body, has_ck, length),
+             sum(mc), sum(mk), sum(mx)]
+    pre, c, k, x, ckv, dc, dk, dx = split(args, sizes)
+    if any(_undef(v) for v in [*pre, *c, *k, *x, *ckv]):
         raise NotImplementedError("retrograde: tan_p is linear only in its tangent inputs.")
     ctk, cty = split(cts, [sum(mk), sum(my)])
     y_avals = [_timed(a, length) for a in body.y_avals]
     kbar = _expand(mk, ctk, body.carry_avals)
     ybar = _expand(my, cty, y_avals)
-    cb, kb, xb = apply_adjoint(body, length, schedule, (c, k, x), ckv, kbar, ybar)
+    cb, kb, xb = apply_adjoint(body, length, schedule, (c, k, x), ckv, kbar, ybar, pre)
     full_c = _full_from_floats(cb, body.const_avals)
     full_k = _full_from_floats(kb, body.carry_avals)
     full_x = _full_from_floats(xb, [_timed(a, length) for a in body.x_avals])
-    out = [None] * (len(c) + len(k) + len(x) + len(ckv))
+    out = [None] * (len(pre) + len(c) + len(k) + len(x) + len(ckv))
     for vals, mask, full in ((dc, mc, full_c), (dk, mk, full_k), (dx, mx, full_x)):
         out += [ct if _undef(v) else None for v, ct in zip(vals, _pick(mask, full))]
     return out
@@ -320,8 +351,9 @@ def _tan_transpose(cts, *args, body, length, schedule, has_ck, masks):
 def _adj_transpose(cts, *args, body, length, schedule, has_ck, ymask):
     fk, fy = _floats(body.carry_avals), _floats(body.y_avals)
     nkf = sum(fk)
-    sizes = [body.nc, body.nk, body.nx, _ck_size(body, has_ck), nkf, sum(ymask)]
-    c, k, x, ckv, kbar, ybar = split(args, sizes)
+    sizes = [_npre(length), body.nc, body.nk, body.nx, _ck_size(body, has_ck, length), nkf,
+             sum(ymask)]
+    pre, c, k, x, ckv, kbar, ybar = split(args, sizes)
     nfc, nfx = sum(_floats(body.const_avals)), sum(_floats(body.x_avals))
     ct_c, ct_k, ct_x = split(cts, [nfc, nkf, nfx])
     x_avals = [_timed(a, length) for a in body.x_avals]
@@ -334,18 +366,18 @@ def _adj_transpose(cts, *args, body, length, schedule, has_ck, ymask):
             _full_from_floats(ct_k, body.carry_avals),
             _full_from_floats(ct_x, x_avals),
         )
-        tk, ty = apply_tangent(body, length, schedule, (c, k, x), ckv, dz)
+        tk, ty = apply_tangent(body, length, schedule, (c, k, x), ckv, dz, pre)
         tk_f = [t for t, f in zip(tk, fk) if f]
         ty_f = _pick(ymask, [t for t, f in zip(ty, fy) if f])
-        out = [None] * (len(c) + len(k) + len(x) + len(ckv))
+        out = [None] * (len(pre) + len(c) + len(k) + len(x) + len(ckv))
         out += [t if _undef(v) else None for v, t in zip([*kbar, *ybar], [*tk_f, *ty_f])]
         return out
-    return _adj_transpose_hessian(cts, c, k, x, ckv, kbar, ybar, body, length, schedule, ymask,
-                                  (ct_c, ct_k, ct_x), y_avals_f)
+    out = _adj_transpose_hessian(c, k, x, ckv, kbar, ybar, body, length, schedule, ymask,
+                                 (ct_c, ct_k, ct_x), pre)
+    return [None] * len(pre) + out
 
 
-def _adj_transpose_hessian(cts, c, k, x, ckv, kbar, ybar, body, length, schedule, ymask,
-                           ct, y_avals_f):
+def _adj_transpose_hessian(c, k, x, ckv, kbar, ybar, body, length, schedule, ymask, ct, pre):
     """Transpose of ``(zq_dot, a) -> z-half of adj[jvp(Q)]((zq, zq_dot), (a, b))``.
 
     That map is ``J_Q^T a + Hess<b, F_Q> zq_dot``; its transpose sends ``ct`` to
@@ -391,7 +423,9 @@ def _adj_transpose_hessian(cts, c, k, x, ckv, kbar, ybar, body, length, schedule
     # zq_dot_bar = Hess<b, F_Q> ct, over the leaves that carry tangents.
     if any(_undef(v) for v in [*cq_dot, *kq_dot, *xq_dot]):
         zero_w = ([_zero(a) for a in q.carry_avals], [_zero(a) for a in qy_avals])
-        hc, hk, hx = adjoint_tangent(q, length, schedule, zq, dz, (b_full_k, b_full_y), zero_w)
+        hc, hk, hx = adjoint_tangent(
+            q, length, schedule, zq, dz, (b_full_k, b_full_y), zero_w, pre
+        )
         full_c = _full_from_floats(hc, q.const_avals)
         full_k = _full_from_floats(hk, q.carry_avals)
         full_x = _full_from_floats(hx, qx_avals)
@@ -406,13 +440,15 @@ def _adj_transpose_hessian(cts, c, k, x, ckv, kbar, ybar, body, length, schedule
     out += [None] * len(ckv)
     # a_bar = J_Q ct.
     if any(_undef(v) for v in [*a_k, *a_y]):
-        tk, ty = apply_tangent(q, length, schedule, zq, [], dz)
+        tk, ty = apply_tangent(q, length, schedule, zq, [], dz, pre)
         tk_f = [t for t, f in zip(tk, fkq) if f]
         ty_f = _pick(ymask_a, [t for t, f in zip(ty, fyq) if f])
-        out += [t if _undef(v) else None for v, t in zip([*a_k, *a_y], [*tk_f, *ty_f])]
+        a_k_bar = [t if _undef(v) else None for v, t in zip(a_k, tk_f)]
+        a_y_bar = [t if _undef(v) else None for v, t in zip(a_y, ty_f)]
     else:
-        out += [None] * (len(a_k) + len(a_y))
-    out += [None] * (len(b_k) + len(b_y))
+        a_k_bar, a_y_bar = [None] * len(a_k), [None] * len(a_y)
+    # The inputs are ordered (kbar = [a_k, b_k], ybar = [a_y, b_y]).
+    out += a_k_bar + [None] * len(b_k) + a_y_bar + [None] * len(b_y)
     return out
 
 
@@ -429,23 +465,38 @@ def _layout_fwd(body, save, **_):
     return ins, outs
 
 
-def _layout_tan(body, has_ck, masks, **_):
+def _layout_ck(body, has_ck, length):
+    if not has_ck:
+        return []
+    return [1] * body.nk + ([0] * body.nk if length is not None else [None])
+
+
+def _layout_tan(body, has_ck, masks, length, **_):
     mc, mk, mx = masks
     _, _, my = jvp_body(body, mc, mk, mx)
-    ck = [1] * body.nk + [0] * body.nk if has_ck else []
-    ins = [0] * (body.nc + body.nk) + [1] * body.nx + ck + [0] * (sum(mc) + sum(mk)) + [1] * sum(mx)
+    ck = _layout_ck(body, has_ck, length)
+    ins = [None] * _npre(length) + [0] * (body.nc + body.nk) + [1] * body.nx + ck
+    ins += [0] * (sum(mc) + sum(mk)) + [1] * sum(mx)
     return ins, [0] * sum(mk) + [1] * sum(my)
 
 
-def _layout_adj(body, has_ck, ymask, **_):
-    ck = [1] * body.nk + [0] * body.nk if has_ck else []
+def _layout_adj(body, has_ck, ymask, length, **_):
+    ck = _layout_ck(body, has_ck, length)
     nkf = sum(_floats(body.carry_avals))
-    ins = [0] * (body.nc + body.nk) + [1] * body.nx + ck + [0] * nkf + [1] * sum(ymask)
+    ins = [None] * _npre(length) + [0] * (body.nc + body.nk) + [1] * body.nx + ck
+    ins += [0] * nkf + [1] * sum(ymask)
     outs = [0] * (sum(_floats(body.const_avals)) + nkf) + [1] * sum(_floats(body.x_avals))
     return ins, outs
 
 
 def _to_axis(x, d, pos, size):
+    if pos is None:  # must stay unbatched: a step count, or the slots' step numbers
+        if d is not None:
+            raise NotImplementedError(
+                "retrograde: vmap over a loop whose step count differs per batch element must "
+                "batch the loop itself (retrograde.while_loop handles a batched predicate)."
+            )
+        return x
     if d is None:
         x = jnp.expand_dims(x, pos)
         shape = list(x.shape)

@@ -1,0 +1,209 @@
+"""Binomial reversal generated inside a compiled program, for step counts known only at run time.
+
+:func:`revolve_rows` is the in-graph twin of :func:`retrograde.schedules._revolve._reverse`: a state
+machine whose every call emits the next action ``(opcode, a, b)`` (opcodes of
+:mod:`retrograde.loops._plan`, plus ``NOP``) of the optimal reversal of the segments between held
+snapshots, using a fixed-size task stack (``O(s)`` integers). Each segment is reversed, right to
+left, with its own snapshot plus every free slot at the time; a segment's snapshot is freed once
+it is done, so earlier segments get more slots.
+
+Integers are int32; binomials saturate at ``2**24`` (the step count must stay below that).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from ._plan import ADVANCE, RECORD, RESTORE, STORE
+
+NOP = 4
+CAP = 1 << 24
+# Task kinds on the stack.
+T_SEGMENT, T_FREE = 0, 1
+# Phases.
+P_POP, P_TASK, P_STORE, P_S1, P_DONE = 0, 1, 2, 3, 4
+
+i32 = jnp.int32
+
+
+def _next_beta(b, s, q):
+    """beta(s, q) from beta(s, q - 1) = b, exactly, saturating at CAP."""
+    b = jnp.minimum(b, CAP)
+    return jnp.minimum((b // q) * (s + q) + ((b % q) * (s + q)) // q, CAP)
+
+
+def repetition(n, s):
+    """r(n, s): the smallest r with beta(s, r) >= n; and beta(s, r)."""
+
+    def cond(st):
+        r, b = st
+        return b < n
+
+    def body(st):
+        r, b = st
+        r = r + 1
+        return r, _next_beta(b, s, r)
+
+    return lax.while_loop(cond, body, (i32(0), i32(1)))
+
+
+def split(n, s):
+    """In-graph :func:`retrograde.schedules._revolve.revolve_split` (returns j only)."""
+    r, _ = repetition(n, s)
+    q0 = jnp.maximum(r - 1, 0)
+
+    # beta(s, q0 - 1), beta(s, q0), beta(s - 1, q0 + 1) by running the recurrences from 0.
+    def init_body(q, st):
+        bp, bq, br = st
+        qq = q + 1
+        return bq, _next_beta(bq, s, qq), _next_beta(br, s - 1, qq + 1)
+
+    # At q = 0: beta(s, -1) = 0, beta(s, 0) = 1, beta(s - 1, 1) = s.
+    bp, bq, br = lax.fori_loop(0, q0, init_body, (i32(0), i32(1), jnp.minimum(s, CAP)))
+
+    def cond(st):
+        q, bp, bq, br = st
+        lo = jnp.maximum(jnp.maximum(1, bp), n - br)
+        return lo > jnp.minimum(n - 1, bq - 1)
+
+    def body(st):
+        q, bp, bq, br = st
+        q = q + 1
+        return q, bq, _next_beta(bq, s, q), _next_beta(br, s - 1, q + 1)
+
+    q, bp, bq, br = lax.while_loop(cond, body, (q0, bp, bq, br))
+    return jnp.maximum(jnp.maximum(1, bp), n - br)
+
+
+def init_state(n_slots: int, segments_start, segment_slots, n_segments, n_steps, first_at_hand):
+    """Machine state for reversing ``[p_0, p_1), ..., [p_{m-1}, n_steps)``.
+
+    Args:
+        n_slots: total slots ``S`` (static).
+        segments_start: int32[S], the held snapshot steps ``p_i`` (sorted; first ``m`` valid).
+        segment_slots: int32[S], the slot holding ``p_i``.
+        n_segments: ``m`` (traced int).
+        n_steps: ``N`` (traced int).
+        first_at_hand: whether ``u_{p_{m-1}}`` is already the current state.
+    """
+    depth = 2 * n_slots + 4
+    stack = jnp.zeros((depth, 4), i32)  # kind, a, b, slot
+    idx = jnp.arange(n_slots, dtype=i32)
+    ends = jnp.where(idx + 1 < n_segments, jnp.roll(segments_start, -1), n_steps)
+    # Stack bottom-up: seg_0, free(p_1), seg_1, free(p_2), ..., seg_{m-1} (popped first).
+    # Entry 2i is segment i, entry 2i - 1 frees p_i (i >= 1).
+    seg_rows = jnp.stack(
+        [jnp.full_like(idx, T_SEGMENT), segments_start, ends, segment_slots], axis=1
+    )
+    free_rows = jnp.stack(
+        [jnp.full_like(idx, T_FREE), segments_start, segments_start, segment_slots], axis=1
+    )
+    valid = idx < n_segments
+    stack = stack.at[2 * idx].set(jnp.where(valid[:, None], seg_rows, 0))
+    stack = stack.at[jnp.maximum(2 * idx - 1, 0)].set(
+        jnp.where(((idx >= 1) & valid)[:, None], free_rows, stack[jnp.maximum(2 * idx - 1, 0)])
+    )
+    # Free slots: those not holding a segment start.
+    used = jnp.zeros((n_slots,), bool).at[jnp.where(valid, segment_slots, n_slots)].set(
+        True, mode="drop"
+    )
+    order = jnp.argsort(used, stable=True)  # unused first
+    n_free = n_slots - n_segments
+    free = jnp.where(jnp.arange(n_slots) < n_free, order, 0).astype(i32)
+    regs = dict(
+        a=i32(0), b=i32(0), s=i32(1), slot_a=i32(0), at_hand=jnp.bool_(False), k=i32(0),
+        adv=jnp.bool_(False), m=i32(0),
+        phase=i32(P_POP), sp=(2 * n_segments - 2).astype(i32),
+        stack=stack, free=free, fp=n_free.astype(i32),
+        first=jnp.bool_(first_at_hand),
+    )
+    return regs
+
+
+def step(st):
+    """Emit one action. Returns ``(new_state, (op, a, b))``; ``op = NOP`` when nothing to do."""
+    phase = st["phase"]
+
+    def pop(st):
+        done = st["sp"] < 0
+        row = st["stack"][jnp.maximum(st["sp"], 0)]
+        kind, a, b, slot = row[0], row[1], row[2], row[3]
+        is_free = (kind == T_FREE) & ~done
+        # A freed slot goes back to the pool.
+        free = jnp.where(is_free, st["free"].at[st["fp"]].set(slot), st["free"])
+        fp = st["fp"] + is_free.astype(i32)
+        # A segment task takes every free slot plus its own.
+        seg = (kind == T_SEGMENT) & ~done
+        at_hand = st["first"]
+        new = dict(
+            st, free=free, fp=fp, sp=st["sp"] - (~done).astype(i32),
+            phase=jnp.where(done, P_DONE, jnp.where(seg, P_TASK, P_POP)).astype(i32),
+            a=jnp.where(seg, a, st["a"]), b=jnp.where(seg, b, st["b"]),
+            slot_a=jnp.where(seg, slot, st["slot_a"]),
+            s=jnp.where(seg, fp + 1, st["s"]),
+            at_hand=jnp.where(seg, at_hand, st["at_hand"]),
+            first=jnp.where(seg, False, st["first"]),
+        )
+        return new, (i32(NOP), i32(0), i32(0))
+
+    def task(st):
+        a, b, s = st["a"], st["b"], st["s"]
+        n = b - a
+        at_hand = st["at_hand"]
+        restore = ~at_hand
+        one = n == 1
+        s1 = (s == 1) & ~one
+        j = lax.cond(restore | one | s1, lambda: i32(1), lambda: split(n, jnp.maximum(s, 2)))
+        m = a + j
+        op = jnp.where(
+            restore & ~s1, RESTORE, jnp.where(one, RECORD, jnp.where(s1, NOP, ADVANCE))
+        )
+        arg_b = jnp.where(op == RESTORE, st["slot_a"], jnp.where(op == ADVANCE, m, 0))
+        phase = jnp.where(
+            restore & ~s1, P_TASK,
+            jnp.where(one, P_POP, jnp.where(s1, P_S1, P_STORE)),
+        )
+        new = dict(
+            st, phase=phase.astype(i32), at_hand=at_hand | (restore & ~s1), m=m,
+            k=jnp.where(s1, b - 1, st["k"]), adv=jnp.bool_(False),
+        )
+        return new, (op.astype(i32), a, arg_b.astype(i32))
+
+    def store(st):
+        slot = st["free"][st["fp"] - 1]
+        fp = st["fp"] - 1
+        sp = st["sp"]
+        stack = st["stack"]
+        stack = stack.at[sp + 1].set(jnp.stack([i32(T_SEGMENT), st["a"], st["m"], st["slot_a"]]))
+        stack = stack.at[sp + 2].set(jnp.stack([i32(T_FREE), st["m"], st["m"], slot]))
+        # The left part is pushed with at_hand False (first=False at pop time).
+        new = dict(
+            st, fp=fp, sp=sp + 2, stack=stack, a=st["m"], s=st["s"] - 1, slot_a=slot,
+            at_hand=jnp.bool_(True), phase=i32(P_TASK),
+        )
+        return new, (i32(STORE), st["m"], slot)
+
+    def s1(st):
+        a, k = st["a"], st["k"]
+        at_hand, adv = st["at_hand"], st["adv"]
+        restore = ~at_hand & ~adv
+        advance = ~restore & ~adv & (k > a)
+        record = ~restore & ~advance
+        op = jnp.where(restore, RESTORE, jnp.where(advance, ADVANCE, RECORD))
+        arg_a = jnp.where(record, k, a)
+        arg_b = jnp.where(restore, st["slot_a"], jnp.where(advance, k, 0))
+        k_next = jnp.where(record, k - 1, k)
+        new = dict(
+            st,
+            at_hand=jnp.where(restore, True, jnp.where(record, False, at_hand)),
+            adv=jnp.where(advance, True, jnp.where(record, False, adv)),
+            k=k_next,
+            phase=jnp.where(record & (k_next < a), P_POP, P_S1).astype(i32),
+        )
+        return new, (op.astype(i32), arg_a, arg_b.astype(i32))
+
+    def done(st):
+        return st, (i32(NOP), i32(0), i32(0))
+
+    return lax.switch(phase, [pop, task, store, s1, done], st)

@@ -1,0 +1,220 @@
+"""``retrograde.while_loop``: a reverse-differentiable ``jax.lax.while_loop``.
+
+The forward primitive ``wfwd_p`` runs the loop and, when a derivative needs them, places
+snapshots with the ``Online`` rule as the steps arrive (the count is unknown until the predicate
+fails). It returns the step count ``N``, and from then on the loop is a loop of ``N`` known steps:
+its tangent and adjoint are the same ``tan_p``/``adj_p`` primitives as for ``scan``, with ``N`` as
+a run-time input and the reversal generated in the compiled program (``_machine.py``). Derivatives
+treat ``N`` as fixed (it is piecewise constant in the inputs).
+
+The step is ``where(pred(u), body(u), u)``: the body itself while the loop runs, and the identity
+for elements of a batch (under ``vmap`` with a batched predicate) that stopped before the others,
+which run on until every element is done. Tangent and adjoint replay this step, so batching needs
+no special case beyond "continue while any element continues". The predicate is thus evaluated
+twice per forward step.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import TypeVar
+
+import jax
+import jax.numpy as jnp
+from jax import tree_util
+from jax._src import core, dispatch
+from jax._src.interpreters import ad, batching, mlir
+from jax.extend.core import Primitive, jaxpr_as_fun
+
+from ..schedules import Online, Schedule
+from ._body import Body, batch_body, make_body, split
+from ._execute import forward_while
+from ._primitives import _ck_avals, _to_axis, _zero, apply_tangent
+from ._scan import _leaf_array
+
+T = TypeVar("T")
+
+__all__ = ["while_loop"]
+
+DEFAULT_SNAPSHOTS = 16
+
+wfwd_p = Primitive("retrograde_while")
+wfwd_p.multiple_results = True
+wfwd_p.def_impl(lambda *args, **params: dispatch.apply_primitive(wfwd_p, *args, **params))
+
+
+def _abstract(*args, body, cond, schedule, max_steps, save):
+    outs = list(body.carry_avals) + [core.ShapedArray((), jnp.int32)]
+    if save:
+        outs += _ck_avals(body, schedule.snapshots, dynamic=True)
+    return outs, body.effects | cond.effects
+
+
+wfwd_p.def_effectful_abstract_eval(_abstract)
+
+
+def _impl(*args, body, cond, schedule, max_steps, save):
+    c, k = split(args, [body.nc, body.nk])
+    carry, n, slots, held = forward_while(body, cond, schedule.snapshots, max_steps, c, k, save)
+    return [*carry, n, *slots, *([held] if save else [])]
+
+
+mlir.register_lowering(wfwd_p, mlir.lower_fun(_impl, multiple_results=True))
+
+
+def _jvp(primals, tangents, *, body, cond, schedule, max_steps, save):
+    c, k = split(primals, [body.nc, body.nk])
+    dc, dk = split(tangents, [body.nc, body.nk])
+    outs = wfwd_p.bind(*primals, body=body, cond=cond, schedule=schedule, max_steps=max_steps,
+                       save=True)
+    carry, (n,), ckv = split(outs, [body.nk, 1, body.nk + 1])
+    tk, _ = apply_tangent(body, None, schedule, (c, k, []), ckv, (dc, dk, []), pre=[n])
+    primal_out = [*carry, n] + (ckv if save else [])
+    tangent_out = [*tk, _zero(core.typeof(n))]
+    tangent_out += [_zero(core.typeof(v)) for v in ckv] if save else []
+    return primal_out, tangent_out
+
+
+ad.primitive_jvps[wfwd_p] = _jvp
+
+
+def _any_cond(cond: Body, size: int) -> Body:
+    """The batch's predicate: whether any element goes on."""
+    fc = jaxpr_as_fun(batch_body(cond, size).jaxpr)
+    sds = [jax.ShapeDtypeStruct((size,) + a.shape, a.dtype) for a in cond.jaxpr.in_avals]
+    return Body(jax.make_jaxpr(lambda *a: [jnp.any(fc(*a)[0])])(*sds), cond.nc, 0, cond.nx)
+
+
+def _batch(args, dims, *, body, cond, schedule, max_steps, save):
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    args = [_to_axis(a, d, 0, size) for a, d in zip(args, dims)]
+    # The body already leaves finished elements alone (see while_loop), so it batches as it is.
+    outs = wfwd_p.bind(*args, body=batch_body(body, size), cond=_any_cond(cond, size), schedule=schedule, max_steps=max_steps,
+                       save=save)
+    out_dims = [0] * body.nk + [None] + ([1] * body.nk + [None] if save else [])
+    return outs, out_dims
+
+
+batching.primitive_batchers[wfwd_p] = _batch
+
+
+def while_loop(
+    cond_fun: Callable[[T], jax.Array],
+    body_fun: Callable[[T], T],
+    init_val: T,
+    *,
+    schedule: Schedule | None = None,
+    max_steps: int | None = None,
+) -> T:
+    """``jax.lax.while_loop`` that is reverse-differentiable, with snapshots placed online.
+
+    Semantics::
+
+        val, n = init_val, 0
+        while cond_fun(val) and (max_steps is None or n < max_steps):
+            val, n = body_fun(val), n + 1
+        return val
+
+    Args:
+        cond_fun: ``val -> bool scalar``.
+        body_fun: ``val -> val`` (same pytree structure, shapes and dtypes).
+        init_val: a pytree of arrays; integer and boolean leaves get no derivative.
+        schedule: ``retrograde.schedules.Online(snapshots)`` (default ``Online(16)``): at most
+            ``snapshots`` states are kept, placed as steps arrive; the reversal is the binomial one
+            between them. Total evaluations are within a few percent of the offline optimum for the
+            number of steps actually taken (see ``benchmarks/schedules.py``).
+        max_steps: optional cap on the number of steps (as in diffrax).
+
+    Returns:
+        The final ``val``.
+
+    Cost: ``jax.grad`` runs the ``N`` forward steps, then the online reversal from the held
+    snapshots, in memory of ``snapshots`` carries plus one step's VJP working set, for any ``N``.
+    Every JAX transformation composes: ``jit``, ``vmap`` (a batched predicate runs until every
+    element stops), ``jvp``, ``grad`` of ``grad``, ``jax.hessian``. Derivatives treat the number of
+    steps as fixed.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, retrograde
+        >>> def decay(k):
+        ...     u = retrograde.while_loop(lambda s: s[1] > 0.1,
+        ...                               lambda s: (s[0] + 1.0, s[1] * jnp.exp(-k)),
+        ...                               (0.0, 1.0))
+        ...     return u[1]
+        >>> g = jax.grad(decay)(0.3)
+    """
+    if not callable(cond_fun) or not callable(body_fun):
+        raise TypeError("retrograde.while_loop: cond_fun and body_fun must be callable.")
+    if schedule is None:
+        schedule = Online(DEFAULT_SNAPSHOTS)
+    if not isinstance(schedule, Online):
+        raise ValueError(
+            f"retrograde.while_loop: schedule must be retrograde.schedules.Online(snapshots) (the "
+            f"step count is unknown until the loop ends), got {schedule!r}. For a known step "
+            "count use retrograde.scan or retrograde.fori_loop with an offline schedule."
+        )
+    if max_steps is not None:
+        try:
+            max_steps = operator.index(max_steps)
+        except TypeError:
+            raise TypeError(
+                f"retrograde.while_loop: max_steps must be a Python int or None, got {max_steps!r}."
+            ) from None
+        if max_steps < 0:
+            raise ValueError(f"retrograde.while_loop: max_steps={max_steps} is negative.")
+    flat, tree = tree_util.tree_flatten(init_val)
+    flat = [_leaf_array(v, "init_val") for v in flat]
+    sds = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in flat]
+
+    def flat_body(*args):
+        new = body_fun(tree_util.tree_unflatten(tree, args))
+        new_flat, new_tree = tree_util.tree_flatten(new)
+        if new_tree != tree:
+            raise TypeError(
+                "retrograde.while_loop: body_fun must return the structure of init_val; got "
+                f"{new_tree} for {tree}."
+            )
+        out = []
+        for old, v in zip(sds, new_flat):
+            v = jnp.asarray(v)
+            if v.shape != old.shape:
+                raise TypeError(
+                    f"retrograde.while_loop: body_fun changed a shape from {old.shape} to "
+                    f"{v.shape}."
+                )
+            out.append(v.astype(old.dtype))
+        return out
+
+    def flat_cond(*args):
+        ok = jnp.asarray(cond_fun(tree_util.tree_unflatten(tree, args)))
+        if ok.shape != () or ok.dtype != jnp.bool_:
+            raise TypeError(
+                "retrograde.while_loop: cond_fun must return a boolean scalar, got "
+                f"{ok.dtype}{list(ok.shape)}."
+            )
+        return [ok]
+
+    body0, consts_b = make_body(jax.make_jaxpr(flat_body)(*sds), len(flat), 0)
+    cond0, consts_c = make_body(jax.make_jaxpr(flat_cond)(*sds), 0, len(flat))
+    consts = [*consts_b, *consts_c]
+    nb = len(consts_b)
+    const_sds = [jax.ShapeDtypeStruct(core.typeof(c).shape, core.typeof(c).dtype) for c in consts]
+    fb, fc = jaxpr_as_fun(body0.jaxpr), jaxpr_as_fun(cond0.jaxpr)
+
+    def masked(*a):
+        # where(pred, body(u), u): the same as body(u) before the loop stops, and the identity
+        # for batch elements that stopped earlier than others (under vmap). Tangent and adjoint
+        # replay this body for the N steps, so a batched predicate needs no special case there.
+        (ok,) = fc(*a[nb:])
+        new = fb(*a[:nb], *a[len(consts):])
+        return [jnp.where(ok, n, o) for n, o in zip(new, a[len(consts):])]
+
+    body = Body(jax.make_jaxpr(masked)(*const_sds, *sds), len(consts), len(flat), 0)
+    cond = Body(
+        jax.make_jaxpr(lambda *a: fc(*a[nb:]))(*const_sds, *sds), len(consts), 0, len(flat)
+    )
+    outs = wfwd_p.bind(
+        *consts, *flat, body=body, cond=cond, schedule=schedule, max_steps=max_steps, save=False
+    )
+    return tree_util.tree_unflatten(tree, outs[: len(flat)])
