@@ -5,7 +5,8 @@ explicit diffusion with a cubic sink and a source field ``q`` (the parameters),
 ``u <- u + R lap(u) - DT C u^3 + q``, updated in place. Loss ``J = 0.5 |u_N|^2``; the gradient
 is taken with respect to ``q`` (8 MiB as well).
 
-Rows (each in its own subprocess; peak RSS is that process's own ``VmHWM`` from ``/proc/self/status``):
+Rows (each in its own subprocess; peak RSS is that process's own ``VmHWM``, read from
+``/proc/self/status``):
 
 * forward only: the plain loop, no gradient (the baseline for time and memory);
 * StoreAll: every state in RAM (skipped if it would not fit in the available memory);

@@ -272,7 +272,8 @@ def test_jvp_matches_gradient(schedule):
 def test_numpy_step_jvp():
     step = rh.Step(
         forward=lambda n, u, a: u + 0.1 * np.sin(a * u),
-        vjp=lambda n, u, a, b: (b * (1 + 0.1 * a * np.cos(a * u)), np.sum(b * 0.1 * u * np.cos(a * u))),
+        vjp=lambda n, u, a, b: (b * (1 + 0.1 * a * np.cos(a * u)),
+                                np.sum(b * 0.1 * u * np.cos(a * u))),
         jvp=lambda n, u, a, ud, ad: (u + 0.1 * np.sin(a * u),
                                      ud + 0.1 * np.cos(a * u) * (a * ud + ad * u)),
     )

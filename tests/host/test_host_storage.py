@@ -91,7 +91,8 @@ def test_corrupt_file_raises_checksum_error_naming_the_step(tmp_path):
         data = bytearray(f.read_bytes())
         data[3] ^= 0x40
         f.write_bytes(bytes(data))
-        with pytest.raises(rh.SnapshotError, match="snapshot of step 5 on disk failed its checksum"):
+        with pytest.raises(rh.SnapshotError,
+                           match="snapshot of step 5 on disk failed its checksum"):
             fp.vjp()
         # the error does not leave stray files of the reverse part, and close still cleans up
     assert list(tmp_path.iterdir()) == []
@@ -143,7 +144,8 @@ def test_snapshots_are_copies_in_both_directions():
 
     def vjp(n, u, a, b):
         v = u * (1.0 + 0.1 * a)
-        return b * (1.0 + 0.1 * a) * (1 + 0.01 * np.cos(v)), np.sum(b * 0.1 * u * (1 + 0.01 * np.cos(v)))
+        d = 1 + 0.01 * np.cos(v)
+        return b * (1.0 + 0.1 * a) * d, np.sum(b * 0.1 * u * d)
 
     step = rh.Step(fwd, vjp)
     loss = rh.Final(lambda n, u, a: np.sum(u**2), grad=lambda n, u, a: (2 * u, 0.0))

@@ -37,8 +37,9 @@ class Step:
         vjp: ``vjp(n, state, params, next_state_bar) -> (state_bar, params_bar)``: the transposed
             Jacobian of ``forward`` at ``(state, params)`` applied to the cotangent of its output.
             ``state_bar`` has the structure of ``state``, ``params_bar`` that of ``params`` (leaves
-            that carry no derivative may be ``0.0``, and so may all of it). It receives the same ``state`` that
-            ``forward`` received (a private copy), so it may recompute intermediates itself.
+            that carry no derivative may be ``0.0``, and so may all of it). It receives the same
+            ``state`` that ``forward`` received (a private copy), so it may recompute
+            intermediates itself.
         jvp: optional ``jvp(n, state, params, state_dot, params_dot) -> (next_state,
             next_state_dot)``, used only by :func:`retrograde.host.jvp`.
 
@@ -244,7 +245,7 @@ class _LossImpl:
 
 
 def as_losses(loss) -> tuple[_LossImpl, ...]:
-    """Normalise ``loss``: ``None``, one :class:`Running`/:class:`Final`, or a tuple/list of them."""
+    """Normalise ``loss``: ``None``, one :class:`Running`/:class:`Final`, or a sequence of them."""
     if loss is None:
         return ()
     terms = tuple(loss) if isinstance(loss, (tuple, list)) else (loss,)
