@@ -296,3 +296,17 @@ def test_argument_errors(tmp_path):
     fp.close()  # idempotent
     with pytest.raises(ValueError, match="directory|Disk"):
         rh.Disk(tmp_path, rank=-1)
+
+
+def test_failed_disk_write_leaves_no_partial_file(tmp_path):
+    """A leaf that cannot be written aborts the write: no .tmp or half-written snapshot stays."""
+    store = rh.Disk(tmp_path).open()
+    import jax
+
+    leaves, treedef = jax.tree_util.tree_flatten([np.ones(3), np.array([object()])])
+    with pytest.raises(TypeError, match="leaf 1 at step 4 has dtype object"):
+        store.put(4, leaves, treedef)
+    (sub,) = list(tmp_path.iterdir())
+    assert list(sub.iterdir()) == []
+    store.close()
+    assert list(tmp_path.iterdir()) == []
