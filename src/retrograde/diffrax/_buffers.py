@@ -1,0 +1,231 @@
+"""Write-only buffers on plain arrays, and the bounded inner loop used inside a solver step.
+
+Diffrax's step writes its outputs (``SaveAt`` values, dense output) with
+``eqxi.buffer_at_set(buf, i, x, pred=p)``, or ``buf.at[i].set(x)`` inside its save loop. On a
+plain array the former *reads* ``buf[i]`` (``where(p, x, buf[i])``), which a checkpointed loop
+that stores buffers once (not in every snapshot) must never see. :class:`WriteOnly` wraps a plain
+array for the duration of one step and turns every write into a pure scatter:
+``buf.at[where(p, i, len(buf))].set(x, mode="drop")`` -- a false predicate writes out of bounds
+and is dropped, so nothing is read. The loops themselves only ever see plain arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import equinox as eqx
+import equinox.internal as eqxi
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+from equinox.internal._loop.common import _Buffer  # diffrax dispatches on this type
+
+__all__ = ["WriteOnly", "wrap", "unwrap", "is_write_only", "bounded_while_loop"]
+
+
+def _scalar_index(item):
+    if isinstance(item, tuple):
+        if len(item) != 1:
+            return None
+        item = item[0]
+    if isinstance(item, slice) or item is Ellipsis or item is None:
+        return None
+    if jnp.ndim(item) != 0:
+        return None
+    return item
+
+
+def _write(array, item, x, pred, kwargs):
+    """``array.at[item].set(x)`` where ``pred`` holds; no read of ``array``."""
+    if kwargs:
+        raise NotImplementedError(
+            f"retrograde.diffrax: buffer writes with keyword arguments {sorted(kwargs)} are not "
+            "supported."
+        )
+    if pred is True:
+        return array.at[item].set(x)
+    i = _scalar_index(item)
+    if i is None:
+        raise NotImplementedError(
+            "retrograde.diffrax: a predicated buffer write needs a scalar index on the leading "
+            f"axis, got {item!r}."
+        )
+    pred = jnp.asarray(pred)
+    i = jnp.asarray(i)
+    j = jnp.where(pred, i, jnp.asarray(array.shape[0], i.dtype))
+    return array.at[j].set(jnp.asarray(x, array.dtype), mode="drop")
+
+
+class WriteOnly(_Buffer):
+    """A plain array seen as a write-once buffer: supports ``.at[i].set(x, pred=p)`` (a pure
+    scatter, dropped when ``p`` is false) and, for diffrax's bookkeeping, ``shape``/``dtype``.
+
+    ``_pred`` (inherited) is an extra predicate anded into every write: the inner bounded loop
+    sets it to "this iteration is live", so finished iterations write nothing.
+    """
+
+    def __getitem__(self, item):
+        # Diffrax never reads a buffer inside the step; a read would see values that a
+        # once-stored buffer does not hold at this step.
+        raise RuntimeError(
+            "retrograde.diffrax: a save buffer was read inside the solver step. Buffers are "
+            "write-only inside CheckpointAdjoint's loops."
+        )
+
+    @property
+    def at(self):
+        return _WriteOnlyAt(self)
+
+    def _op(self, pred, item, x, op, kwargs, makes_false_steps):  # pragma: no cover
+        raise NotImplementedError
+
+
+class _WriteOnlyAt:
+    def __init__(self, buffer: WriteOnly):
+        self._buffer = buffer
+
+    def __getitem__(self, item):
+        return _WriteOnlyItem(self._buffer, item)
+
+
+class _WriteOnlyItem:
+    def __init__(self, buffer: WriteOnly, item):
+        self._buffer = buffer
+        self._item = item
+
+    def set(self, x, *, pred=True, **kwargs):
+        buf = self._buffer
+        own = buf._pred
+        if own is True:
+            full = pred
+        elif pred is True:
+            full = own
+        else:
+            full = jnp.logical_and(own, pred)
+        array = _write(buf._array, self._item, x, full, kwargs)
+        return WriteOnly(array, buf._pred, None, False)
+
+    def get(self, **kwargs):
+        raise RuntimeError(
+            "retrograde.diffrax: a save buffer was read inside the solver step. Buffers are "
+            "write-only inside CheckpointAdjoint's loops."
+        )
+
+
+def is_write_only(x) -> bool:
+    return isinstance(x, WriteOnly)
+
+
+def wrap(array, pred=True) -> WriteOnly:
+    return WriteOnly(array, pred, None, False)
+
+
+def unwrap(tree):
+    """Replace every :class:`WriteOnly` in ``tree`` by its plain array."""
+    return jtu.tree_map(lambda x: x._array if is_write_only(x) else x, tree, is_leaf=is_write_only)
+
+
+# --------------------------------------------------------------------------------------------
+# A bounded while loop: differentiable in every mode (it is lax.scan + lax.cond), memory
+# bounded by ``max_steps`` of *this* loop (e.g. the number of SaveAt times), never by the
+# solver's max_steps. Used for the loops diffrax nests inside one solver step.
+# --------------------------------------------------------------------------------------------
+
+
+def _select(pred, new, old):
+    if pred is True:
+        return new
+    return jnp.where(pred, new, old)
+
+
+def bounded_while_loop(cond_fun, body_fun, init_val, *, max_steps: int, buffers=None, **_):
+    """``lax.while_loop`` semantics, stopping after ``max_steps`` iterations, as nested
+    ``lax.scan`` of ``lax.cond``: ``depth = 2`` levels of ``ceil(sqrt(max_steps))`` iterations,
+    a finished chunk skipped by its ``cond``. Under ``vmap`` with a batched predicate the chunk
+    runs while any element is live and every element is masked by its own predicate.
+
+    ``buffers(init_val)`` names leaves written by index only; they are written through
+    :class:`WriteOnly` with the liveness predicate (a pure scatter), not masked as wholes.
+    Leaves of ``init_val`` that already are :class:`WriteOnly` are treated as buffers too.
+    """
+    if not isinstance(max_steps, int) or max_steps < 0:
+        raise ValueError(f"bounded_while_loop: max_steps must be an int >= 0, got {max_steps!r}.")
+    # Flatten with WriteOnly objects as leaves, remember which leaves are buffers.
+    leaves, treedef = jtu.tree_flatten(init_val, is_leaf=is_write_only)
+    buffer_ids = set()
+    if buffers is not None:
+        buffer_ids = {id(b) for b in jtu.tree_leaves(buffers(init_val), is_leaf=is_write_only)}
+    is_buf = [is_write_only(x) or id(x) in buffer_ids for x in leaves]
+    was_wrapped = [is_write_only(x) for x in leaves]
+    outer_pred = [x._pred if is_write_only(x) else True for x in leaves]
+    plain = [x._array if is_write_only(x) else x for x in leaves]
+    dyn_idx = [k for k, x in enumerate(plain) if eqx.is_array_like(x)]
+    dyn = [jnp.asarray(plain[k]) for k in dyn_idx]
+    static = list(plain)
+    if max_steps == 0:
+        return init_val
+
+    def rebuild(dyn_vals, live):
+        out = list(static)
+        for k, v in zip(dyn_idx, dyn_vals):
+            out[k] = v
+        for k in range(len(out)):
+            if is_buf[k]:
+                p = outer_pred[k]
+                if live is not True:
+                    p = live if p is True else jnp.logical_and(p, live)
+                out[k] = wrap(out[k], p)
+        return jtu.tree_unflatten(treedef, out)
+
+    def flat_out(val):
+        out_leaves, out_tree = jtu.tree_flatten(val, is_leaf=is_write_only)
+        if out_tree != treedef:
+            raise TypeError(
+                "retrograde.diffrax: an inner loop's body changed the structure of its carry "
+                f"from {treedef} to {out_tree}."
+            )
+        out_leaves = [x._array if is_write_only(x) else x for x in out_leaves]
+        return [jnp.asarray(out_leaves[k], dtype=jnp.result_type(d)) for k, d in zip(dyn_idx, dyn)]
+
+    def live_pred(count, dyn_vals):
+        p = cond_fun(rebuild(dyn_vals, True))
+        return jnp.logical_and(jnp.asarray(p), count < max_steps)
+
+    def one(carry):
+        count, dyn_vals = carry
+        live = live_pred(count, dyn_vals)
+        new = flat_out(body_fun(rebuild(dyn_vals, live)))
+        out = [
+            nv if is_buf[k] else _select(live, nv, ov)
+            for k, nv, ov in zip(dyn_idx, new, dyn_vals)
+        ]
+        return count + 1, out
+
+    def any_live(carry):
+        count, dyn_vals = carry
+        return eqxi.unvmap_any(live_pred(count, dyn_vals))
+
+    base = max(2, math.isqrt(max_steps - 1) + 1) if max_steps > 1 else 1
+
+    def level(carry, steps):
+        if steps <= 1:
+            return one(carry)
+
+        def chunk(c, _):
+            return jax.lax.cond(any_live(c), lambda c: level(c, steps // base), lambda c: c, c), None
+
+        return jax.lax.scan(chunk, carry, None, length=base)[0]
+
+    total = 1 if max_steps == 1 else base * base
+    carry = (jnp.int32(0), dyn)
+    if max_steps == 1:
+        carry = jax.lax.cond(any_live(carry), one, lambda c: c, carry)
+    else:
+        carry = level(carry, total)
+    _, dyn_final = carry
+    out = list(static)
+    for k, v in zip(dyn_idx, dyn_final):
+        out[k] = v
+    out = [wrap(v, outer_pred[k]) if was_wrapped[k] else v for k, v in enumerate(out)]
+    return jtu.tree_unflatten(treedef, out)
