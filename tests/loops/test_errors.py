@@ -1,0 +1,137 @@
+"""Errors of ``retrograde.scan`` / ``retrograde.fori_loop``: raised at trace time, with messages
+that name the problem (nothing here compiles)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import retrograde
+from retrograde import schedules as rs
+
+
+def _step(c, x):
+    return c, None
+
+
+class _DummyOnline(rs.OnlineSchedule):
+    def start(self):  # pragma: no cover - never called
+        raise AssertionError
+
+    def levels(self):  # pragma: no cover
+        return (rs.Level(3),)
+
+    def max_slots(self, n_steps):  # pragma: no cover
+        return (3,)
+
+
+def test_string_leaf_in_init():
+    with pytest.raises(TypeError, match=r"init.*str.*'hello'"):
+        retrograde.scan(_step, {"u": jnp.ones(2), "tag": "hello"}, length=3)
+
+
+def test_string_leaf_in_xs():
+    with pytest.raises(TypeError, match=r"xs.*str.*'abc'"):
+        retrograde.scan(_step, jnp.ones(2), {"x": jnp.ones(3), "name": "abc"})
+
+
+def test_length_disagrees_with_xs():
+    with pytest.raises(ValueError, match=r"length=4.*leading size 3"):
+        retrograde.scan(_step, jnp.ones(2), jnp.ones((3, 2)), length=4)
+
+
+def test_xs_leaves_with_different_leading_sizes():
+    with pytest.raises(ValueError, match=r"different leading sizes \[3, 5\]"):
+        retrograde.scan(_step, jnp.ones(2), (jnp.ones(3), jnp.ones((5, 2))))
+
+
+def test_scalar_xs_leaf():
+    with pytest.raises(ValueError, match="leading"):
+        retrograde.scan(_step, jnp.ones(2), jnp.float64(1.0))
+
+
+def test_no_xs_and_no_length():
+    with pytest.raises(ValueError, match="pass length"):
+        retrograde.scan(_step, jnp.ones(2))
+
+
+@pytest.mark.parametrize("length", [-1, 2.5, "3"])
+def test_bad_length(length):
+    with pytest.raises((TypeError, ValueError), match="length"):
+        retrograde.scan(_step, jnp.ones(2), length=length)
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [_DummyOnline()] + ([rs.Online(3)] if hasattr(rs, "Online") else []),
+    ids=lambda s: type(s).__name__,
+)
+def test_online_schedule_is_rejected(schedule):
+    with pytest.raises(ValueError, match="online schedule.*offline schedule"):
+        retrograde.scan(_step, jnp.ones(2), length=3, schedule=schedule)
+    with pytest.raises(ValueError, match="offline schedule"):
+        retrograde.fori_loop(0, 3, lambda i, v: v, jnp.ones(2), schedule=schedule)
+
+
+@pytest.mark.parametrize("schedule", [10, "revolve", object()], ids=["int", "str", "object"])
+def test_non_schedule(schedule):
+    with pytest.raises(TypeError, match="schedule must be"):
+        retrograde.scan(_step, jnp.ones(2), length=3, schedule=schedule)
+
+
+def test_carry_changes_shape():
+    with pytest.raises(TypeError, match=r"shape from \(2,\) to \(3,\)"):
+        retrograde.scan(lambda c, x: (jnp.ones(3), None), jnp.ones(2), length=3)
+
+
+def test_carry_changes_dtype():
+    with pytest.raises(TypeError, match="dtype from int32 to float64"):
+        retrograde.scan(
+            lambda c, x: (c * jnp.float64(1.5), None), jnp.ones(2, jnp.int32), length=3
+        )
+    with pytest.raises(TypeError, match="dtype from float32 to float64"):
+        retrograde.scan(
+            lambda c, x: (c.astype(jnp.float64), None), jnp.ones(2, jnp.float32), length=3
+        )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a weakly typed float result (int carry * 1.5) is cast back to the int carry dtype, "
+    "silently truncating each step; jax.lax.scan raises TypeError",
+)
+def test_int_carry_weak_float_update():
+    with pytest.raises(TypeError, match="dtype"):
+        retrograde.scan(lambda c, x: (c * 1.5, None), jnp.ones(2, jnp.int32), length=3)
+
+
+def test_carry_changes_structure():
+    with pytest.raises(TypeError, match="same structure"):
+        retrograde.scan(lambda c, x: ((c, c), None), jnp.ones(2), length=3)
+
+
+def test_step_must_return_a_pair():
+    with pytest.raises(TypeError, match="pair"):
+        retrograde.scan(lambda c, x: c, jnp.ones(2), length=3)
+
+
+def test_step_must_be_callable():
+    with pytest.raises(TypeError, match="callable"):
+        retrograde.scan("not a function", jnp.ones(2), length=3)
+
+
+def test_fori_loop_traced_bounds():
+    def f(n):
+        return retrograde.fori_loop(0, n, lambda i, v: v * 2.0, jnp.ones(2))
+
+    with pytest.raises(TypeError, match="static bounds"):
+        jax.jit(f)(3)
+    with pytest.raises(TypeError, match="static bounds"):
+        jax.jit(lambda lo: retrograde.fori_loop(lo, 5, lambda i, v: v, jnp.ones(2)))(1)
+
+
+def test_weak_typed_carry_update_is_accepted():
+    """A Python-scalar (weakly typed) update keeps the carry's dtype rather than erroring."""
+    c, _ = retrograde.scan(lambda c, x: (c + 1, None), jnp.ones(2, jnp.float32), length=2)
+    assert c.dtype == jnp.float32
