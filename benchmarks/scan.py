@@ -16,7 +16,7 @@ chunk an inner ``lax.scan`` under ``jax.checkpoint``); and equinox's online chec
 ``equinox.internal.scan(..., kind="checkpointed", checkpoints=s)`` at the same ``s``.
 
     python benchmarks/scan.py              # N=1000, C=100000, s in {10, 45}; ~2-3 minutes on 2 cores
-    python benchmarks/scan.py --quick      # fewer repeats; about a minute
+    python benchmarks/scan.py --quick      # carry 30000, 3 repeats; about a minute
     python benchmarks/scan.py --markdown   # the table as markdown (for the README)
     python benchmarks/scan.py --n 2000 --carry 50000 --snapshots 10 20 --repeats 9
 """
@@ -120,6 +120,7 @@ def measure_all(losses, args, repeats: int):
     times = {name: [] for name in losses}
     for r in range(repeats):
         for name, c in compiled.items():
+            jax.block_until_ready(c(*args))  # untimed: the previous entry's clean-up
             t0 = time.perf_counter()
             jax.block_until_ready(c(*args))
             times[name].append(time.perf_counter() - t0)
@@ -203,11 +204,13 @@ def main(n: int, carry: int, snapshots: tuple[int, ...], repeats: int, markdown:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=1000, help="number of steps (default 1000)")
-    p.add_argument("--carry", type=int, default=100_000, help="carry size in float32 (100000)")
+    p.add_argument("--carry", type=int, default=None,
+                   help="carry size in float32 (100000; 30000 with --quick)")
     p.add_argument("--snapshots", type=int, nargs="+", default=[10, 45], help="s values (10 45)")
-    p.add_argument("--repeats", type=int, default=None, help="timed repeats (7; 3 with --quick)")
-    p.add_argument("--quick", action="store_true", help="fewer repeats (about a minute)")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats (5; 3 with --quick)")
+    p.add_argument("--quick", action="store_true", help="smaller carry, fewer repeats (~1 min)")
     p.add_argument("--markdown", action="store_true", help="print the table as markdown")
     a = p.parse_args()
-    reps = a.repeats if a.repeats is not None else (3 if a.quick else 7)
-    main(a.n, a.carry, tuple(a.snapshots), reps, a.markdown)
+    reps = a.repeats if a.repeats is not None else (3 if a.quick else 5)
+    carry = a.carry if a.carry is not None else (30_000 if a.quick else 100_000)
+    main(a.n, carry, tuple(a.snapshots), reps, a.markdown)
