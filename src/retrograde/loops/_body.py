@@ -49,17 +49,20 @@ class Body:
     """
 
     __slots__ = (
-        "jaxpr", "nc", "nk", "nx", "ny", "parent", "masks", "_jvp_cache", "_batch_cache",
-        "__weakref__",
+        "jaxpr", "nc", "nk", "nx", "ny", "parent", "masks", "stored", "_jvp_cache",
+        "_batch_cache", "__weakref__",
     )
 
     def __init__(self, jaxpr, nc: int, nk: int, nx: int, parent: Body | None = None,
-                 masks: tuple[Mask, Mask, Mask, Mask] | None = None):
+                 masks: tuple[Mask, Mask, Mask, Mask] | None = None,
+                 stored: Mask | None = None):
         self.jaxpr = jaxpr
         self.nc, self.nk, self.nx = nc, nk, nx
         self.ny = len(jaxpr.out_avals) - nk
         self.parent = parent
         self.masks = masks  # (consts, carry, xs, ys) masks of the parent's leaves
+        # Carry leaves kept in snapshots; the others are write-only buffers, stored once.
+        self.stored = (True,) * nk if stored is None else tuple(stored)
         self._jvp_cache: dict = {}
         self._batch_cache: dict = {}
 
@@ -79,6 +82,20 @@ class Body:
     @property
     def y_avals(self):
         return self.jaxpr.out_avals[self.nk :]
+
+    @property
+    def snapshot_avals(self):
+        """Abstract values of the carry leaves that snapshots hold (buffers excluded)."""
+        return [a for a, keep in zip(self.carry_avals, self.stored) if keep]
+
+    def snapshot(self, carry) -> list:
+        """The leaves of a carry that go into a snapshot."""
+        return [c for c, keep in zip(carry, self.stored) if keep]
+
+    def restore(self, carry, snapshot) -> list:
+        """``carry`` with its snapshot leaves replaced (buffer leaves stay as they are)."""
+        it = iter(snapshot)
+        return [next(it) if keep else c for c, keep in zip(carry, self.stored)]
 
     @property
     def effects(self):
@@ -153,6 +170,7 @@ def jvp_body(body: Body, mc: Mask, mk: Mask, mx: Mask) -> tuple[Body, Mask, Mask
     child = Body(
         closed, nc + sum(mc), nk + n_kt, nx + sum(mx),
         parent=body, masks=(mc, mk_fix, mx, my),
+        stored=body.stored + tuple(st for st, m in zip(body.stored, mk_fix) if m),
     )
     result = (child, mk_fix, my)
     body._jvp_cache[key] = result
@@ -169,6 +187,7 @@ def batch_body(body: Body, size: int) -> Body:
         *[_sds(a, (size,)) for a in body.jaxpr.in_avals]
     )
     parent = batch_body(body.parent, size) if body.parent is not None else None
-    child = Body(closed, body.nc, body.nk, body.nx, parent=parent, masks=body.masks)
+    child = Body(closed, body.nc, body.nk, body.nx, parent=parent, masks=body.masks,
+                 stored=body.stored)
     body._batch_cache[size] = child
     return child

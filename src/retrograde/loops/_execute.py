@@ -40,7 +40,7 @@ def forward(body: Body, plan: Plan, consts, carry, xs, save: bool):
     sweep's snapshots and ``cur`` is ``u_{N-1}`` (both empty lists unless ``save``)."""
     n = plan.length
     ys = _zeros(body.y_avals, (n,))
-    slots = _zeros(body.carry_avals, (plan.n_slots,)) if save else []
+    slots = _zeros(body.snapshot_avals, (plan.n_slots,)) if save else []
     if n == 0:
         return list(carry), ys, slots, (list(carry) if save else [])
     steps = jnp.asarray(list(plan.store_steps) + [n], jnp.int32)
@@ -51,7 +51,7 @@ def forward(body: Body, plan: Plan, consts, carry, xs, save: bool):
         if save:
             hit = steps[ptr] == i
             slots = lax.cond(
-                hit, lambda s: _put(s, carry, where[ptr]), lambda s: list(s), slots
+                hit, lambda s: _put(s, body.snapshot(carry), where[ptr]), lambda s: list(s), slots
             )
             ptr = ptr + hit.astype(jnp.int32)
         new, y = body(consts, carry, _slice(xs, i))
@@ -116,8 +116,12 @@ def _row_runner(body, consts, xs, ys_bar, ymask):
         cur, slots, kbar, cbar, xbar = state
         is_adv = op == ADVANCE
         cur = _advance(body, consts, xs, cur, jnp.where(is_adv, a, 0), jnp.where(is_adv, b, 0))
-        slots = lax.cond(op == STORE, lambda s: _put(s, cur, b), lambda s: list(s), slots)
-        cur = lax.cond(op == RESTORE, lambda c: _slice(slots, b), lambda c: list(c), cur)
+        slots = lax.cond(
+            op == STORE, lambda s: _put(s, body.snapshot(cur), b), lambda s: list(s), slots
+        )
+        cur = lax.cond(
+            op == RESTORE, lambda c: body.restore(c, _slice(slots, b)), lambda c: list(c), cur
+        )
         return lax.cond(
             op == RECORD,
             lambda st: record(a, *st),
@@ -148,7 +152,7 @@ def adjoint(body: Body, plan: Plan, consts, carry0, xs, ck, carry_bar, ys_bar, y
         return consts_bar, list(carry_bar), xs_bar
     if ck is None:
         rows = plan.rows
-        slots = _zeros(body.carry_avals, (plan.n_slots,))
+        slots = _zeros(body.snapshot_avals, (plan.n_slots,))
         cur = list(carry0)
     else:
         rows = plan.rows[plan.first_record :]
@@ -171,7 +175,7 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
     """Run ``while cond(carry) and n < max_steps: carry = body(carry)``; with ``save``, place
     snapshots by the ``Online`` rule as steps arrive. Returns ``(carry_N, N, slots, held)``."""
     held = jnp.full((n_slots,), -1, jnp.int32)
-    slots = _zeros(body.carry_avals, (n_slots,)) if save else []
+    slots = _zeros(body.snapshot_avals, (n_slots,)) if save else []
     limit = jnp.iinfo(jnp.int32).max if max_steps is None else max_steps
 
     def go(state):
@@ -182,7 +186,7 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
     def one(state):
         n, carry, slots, held = state
         if save:
-            slots, held = _place(n, carry, slots, held, n_slots)
+            slots, held = _place(n, body.snapshot(carry), slots, held, n_slots)
         carry, _ = body(consts, carry, [])
         return n + 1, carry, slots, held
 
@@ -190,9 +194,9 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
     return carry, n, slots, held
 
 
-def _place(n, carry, slots, held, n_slots):
+def _place(n, snap, slots, held, n_slots):
     k = store_slot(n, held, n_slots)
-    slots = lax.cond(k >= 0, lambda s: _put(s, carry, k), lambda s: list(s), slots)
+    slots = lax.cond(k >= 0, lambda s: _put(s, snap, k), lambda s: list(s), slots)
     held = jnp.where(k >= 0, held.at[jnp.maximum(k, 0)].set(n), held)
     return slots, held
 
@@ -214,10 +218,10 @@ def adjoint_while(body: Body, n_slots: int, n_steps, consts, carry0, ck, carry_b
 
         def replay(n, state):
             carry, slots, held = state
-            slots, held = _place(n, carry, slots, held, n_slots)
+            slots, held = _place(n, body.snapshot(carry), slots, held, n_slots)
             return body(consts, carry, [])[0], slots, held
 
-        init = (list(carry0), _zeros(body.carry_avals, (n_slots,)),
+        init = (list(carry0), _zeros(body.snapshot_avals, (n_slots,)),
                 jnp.full((n_slots,), -1, jnp.int32))
         _, slots, held = lax.fori_loop(0, n_steps, replay, init)
     else:

@@ -83,7 +83,7 @@ def _pick(mask, values):
 
 
 def _ck_avals(body: Body, n_slots: int, dynamic: bool = False):
-    slots = [_timed(a, n_slots) for a in body.carry_avals]
+    slots = [_timed(a, n_slots) for a in body.snapshot_avals]
     if dynamic:
         return slots + [core.ShapedArray((n_slots,), jnp.int32)]
     return slots + list(body.carry_avals)
@@ -130,7 +130,7 @@ def _ck_size(body, has_ck, length):
     """Number of snapshot inputs: (slots, u_{N-1}) for a known length, (slots, held) otherwise."""
     if not has_ck:
         return 0
-    return 2 * body.nk if length is not None else body.nk + 1
+    return sum(body.stored) + (body.nk if length is not None else 1)
 
 
 def _npre(length) -> int:
@@ -171,9 +171,10 @@ def _adj_impl(*args, body, length, schedule, has_ck, ymask):
         [_npre(length), body.nc, body.nk, body.nx, _ck_size(body, has_ck, length), nkf,
          sum(ymask)],
     )
-    ck = (ckv[: body.nk], ckv[body.nk :]) if has_ck else None
+    ns = sum(body.stored)
+    ck = (ckv[:ns], ckv[ns:]) if has_ck else None
     if length is None:
-        ck = (ckv[: body.nk], ckv[body.nk]) if has_ck else None
+        ck = (ckv[:ns], ckv[ns]) if has_ck else None
         cbar, kbar0 = adjoint_while(body, schedule.snapshots, pre[0], c, k, ck, kbar)
         return [*cbar, *kbar0]
     plan = compile_plan(schedule, length)
@@ -271,7 +272,7 @@ def _fwd_jvp(primals, tangents, *, body, length, schedule, save):
     c, k, x = split(primals, [body.nc, body.nk, body.nx])
     dc, dk, dx = split(tangents, [body.nc, body.nk, body.nx])
     outs = fwd_p.bind(*primals, body=body, length=length, schedule=schedule, save=True)
-    carry, ys, ckv = split(outs, [body.nk, body.ny, 2 * body.nk])
+    carry, ys, ckv = split(outs, [body.nk, body.ny, sum(body.stored) + body.nk])
     tk, ty = apply_tangent(body, length, schedule, (c, k, x), ckv, (dc, dk, dx))
     primal_out = [*carry, *ys] + (ckv if save else [])
     tangent_out = [*tk, *ty] + ([_zero(core.typeof(v)) for v in ckv] if save else [])
@@ -461,14 +462,14 @@ ad.primitive_transposes[adj_p] = _adj_transpose
 
 def _layout_fwd(body, save, **_):
     ins = [0] * (body.nc + body.nk) + [1] * body.nx
-    outs = [0] * body.nk + [1] * body.ny + ([1] * body.nk + [0] * body.nk if save else [])
+    outs = [0] * body.nk + [1] * body.ny + ([1] * sum(body.stored) + [0] * body.nk if save else [])
     return ins, outs
 
 
 def _layout_ck(body, has_ck, length):
     if not has_ck:
         return []
-    return [1] * body.nk + ([0] * body.nk if length is not None else [None])
+    return [1] * sum(body.stored) + ([0] * body.nk if length is not None else [None])
 
 
 def _layout_tan(body, has_ck, masks, length, **_):

@@ -68,7 +68,7 @@ def _jvp(primals, tangents, *, body, cond, schedule, max_steps, save):
     dc, dk = split(tangents, [body.nc, body.nk])
     outs = wfwd_p.bind(*primals, body=body, cond=cond, schedule=schedule, max_steps=max_steps,
                        save=True)
-    carry, (n,), ckv = split(outs, [body.nk, 1, body.nk + 1])
+    carry, (n,), ckv = split(outs, [body.nk, 1, sum(body.stored) + 1])
     tk, _ = apply_tangent(body, None, schedule, (c, k, []), ckv, (dc, dk, []), pre=[n])
     primal_out = [*carry, n] + (ckv if save else [])
     tangent_out = [*tk, _zero(core.typeof(n))]
@@ -92,7 +92,7 @@ def _batch(args, dims, *, body, cond, schedule, max_steps, save):
     # The body already leaves finished elements alone (see while_loop), so it batches as it is.
     outs = wfwd_p.bind(*args, body=batch_body(body, size), cond=_any_cond(cond, size), schedule=schedule, max_steps=max_steps,
                        save=save)
-    out_dims = [0] * body.nk + [None] + ([1] * body.nk + [None] if save else [])
+    out_dims = [0] * body.nk + [None] + ([1] * sum(body.stored) + [None] if save else [])
     return outs, out_dims
 
 
@@ -106,6 +106,7 @@ def while_loop(
     *,
     schedule: Schedule | None = None,
     max_steps: int | None = None,
+    buffers: Callable[[T], object] | None = None,
 ) -> T:
     """``jax.lax.while_loop`` that is reverse-differentiable, with snapshots placed online.
 
@@ -125,6 +126,11 @@ def while_loop(
             between them. Total evaluations are within a few percent of the offline optimum for the
             number of steps actually taken (see ``benchmarks/schedules.py``).
         max_steps: optional cap on the number of steps (as in diffrax).
+        buffers: optional ``val -> pytree`` selecting leaves of ``val`` (the same objects) that
+            are write-only buffers, e.g. saved outputs: each step may write them
+            (``buf.at[i].set(x)``, possibly under ``jnp.where``) but nothing the step computes
+            may depend on their values. They are kept once, never copied into a snapshot, and
+            their cotangents are exact. A step that reads a buffer raises ``ValueError``.
 
     Returns:
         The final ``val``.
@@ -164,6 +170,7 @@ def while_loop(
         if max_steps < 0:
             raise ValueError(f"retrograde.while_loop: max_steps={max_steps} is negative.")
     flat, tree = tree_util.tree_flatten(init_val)
+    originals = list(flat)
     flat = [_leaf_array(v, "init_val") for v in flat]
     sds = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in flat]
 
@@ -210,7 +217,11 @@ def while_loop(
         new = fb(*a[:nb], *a[len(consts):])
         return [jnp.where(ok, n, o) for n, o in zip(new, a[len(consts):])]
 
-    body = Body(jax.make_jaxpr(masked)(*const_sds, *sds), len(consts), len(flat), 0)
+    stored = _buffer_mask(buffers, init_val, originals)
+    body = Body(jax.make_jaxpr(masked)(*const_sds, *sds), len(consts), len(flat), 0,
+                stored=stored)
+    if not all(stored):
+        check_write_only(body)
     cond = Body(
         jax.make_jaxpr(lambda *a: fc(*a[nb:]))(*const_sds, *sds), len(consts), 0, len(flat)
     )
@@ -218,3 +229,80 @@ def while_loop(
         *consts, *flat, body=body, cond=cond, schedule=schedule, max_steps=max_steps, save=False
     )
     return tree_util.tree_unflatten(tree, outs[: len(flat)])
+
+
+def _buffer_mask(buffers, init_val, leaves) -> tuple[bool, ...]:
+    """Which carry leaves go into snapshots (False for the leaves ``buffers`` selects)."""
+    if buffers is None:
+        return (True,) * len(leaves)
+    if not callable(buffers):
+        raise TypeError(
+            f"retrograde.while_loop: buffers must be a function of init_val, got {buffers!r}."
+        )
+    chosen = tree_util.tree_leaves(buffers(init_val))
+    ids = {id(b) for b in chosen}
+    mask = tuple(id(v) not in ids for v in leaves)
+    if len(chosen) != len(leaves) - sum(mask):
+        raise ValueError(
+            "retrograde.while_loop: buffers(init_val) must return leaves of init_val itself (the "
+            "same array objects), e.g. buffers=lambda val: val['saved']."
+        )
+    return mask
+
+
+_WRITE_OPS = {"dynamic_update_slice": (0,), "scatter": (0,), "select_n": None,
+              "copy": (0,), "copy_p": (0,), "convert_element_type": (0,)}
+
+
+def check_write_only(body: Body) -> None:
+    """Raise ``ValueError`` if the step reads a buffer leaf (``body.stored`` False).
+
+    Allowed: a buffer's value flows only into the operand of ``dynamic_update_slice``/``scatter``
+    (a write at an index), the cases (not the predicate) of ``select_n``, copies, nested ``jit``
+    calls obeying the same rules, and the buffer's own output. Nothing else may depend on it.
+    """
+    jaxpr = body.jaxpr.jaxpr
+    carry_in = jaxpr.invars[body.nc : body.nc + body.nk]
+    tainted = {v: k for k, (v, keep) in enumerate(zip(carry_in, body.stored)) if not keep}
+    out_taint = _propagate(jaxpr, tainted)
+    for j, k in enumerate(out_taint[: body.nk]):
+        if k is not None and body.stored[j]:
+            _fail(k, f"it flows into carry leaf {j}, which is not a buffer")
+
+
+def _fail(k, why):
+    raise ValueError(
+        f"retrograde.while_loop: buffer leaf {k} (a leaf selected by buffers=) is read by the "
+        f"step ({why}). Buffers may only be written at an index, e.g. buf.at[i].set(value), and "
+        "nothing may depend on their contents; drop the leaf from buffers= if the step needs "
+        "its values."
+    )
+
+
+def _propagate(jaxpr, tainted: dict) -> list:
+    """Follow buffer values through ``jaxpr``; return the buffer (or None) behind each output."""
+    tainted = dict(tainted)
+    for eqn in jaxpr.eqns:
+        hits = [(i, tainted[v]) for i, v in enumerate(eqn.invars)
+                if not isinstance(v, core.Literal) and v in tainted]
+        if not hits:
+            continue
+        name = eqn.primitive.name
+        inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        if name in ("pjit", "jit", "closed_call", "core_call") and inner is not None:
+            inner = getattr(inner, "jaxpr", inner)
+            sub = {inner.invars[i]: k for i, k in hits}
+            for o, k in zip(eqn.outvars, _propagate(inner, sub)):
+                if k is not None:
+                    tainted[o] = k
+            continue
+        allowed = _WRITE_OPS.get(name, ())
+        for i, k in hits:
+            if name == "select_n":
+                if i == 0:
+                    _fail(k, "it decides a select")
+            elif i not in allowed:
+                _fail(k, f"it flows into {name}")
+        for o in eqn.outvars:
+            tainted[o] = hits[0][1]
+    return [tainted.get(v) if not isinstance(v, core.Literal) else None for v in jaxpr.outvars]
