@@ -1,0 +1,91 @@
+"""A small neural ODE for CheckpointAdjoint tests, and comparison helpers.
+
+``loss(model, y0, a, c)``: an equinox MLP vector field ``a * model(y) - c * y`` (``model`` and
+``c`` closed over by the vector field, ``a`` passed as diffrax ``args``), solved on [0, T] with
+adaptive steps (Tsit5 + PIDController by default) and ``SaveAt(ts=...)`` at 100 times; the loss is
+a weighted sum of squares of the saved values. Every function takes the adjoint as an argument, so
+the same code runs with ``diffrax.DirectAdjoint`` (the reference) and ``CheckpointAdjoint``.
+"""
+
+from __future__ import annotations
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import jax.tree_util as jtu
+import numpy as np
+
+import retrograde.diffrax as rdx
+from retrograde.diffrax._fallback import scan_while_loop
+
+T1 = 3.0
+N_SAVE = 100
+DIM = 2
+
+
+def real_loop_available() -> bool:
+    try:
+        from retrograde.loops import while_loop  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def checkpoint_adjoint(kind: str = "real", schedule=None):
+    """``CheckpointAdjoint`` on the real ``retrograde.while_loop`` or on the scan stand-in."""
+    if kind == "standin":
+        return rdx.CheckpointAdjoint(schedule=schedule, while_loop=scan_while_loop)
+    return rdx.CheckpointAdjoint(schedule=schedule)
+
+
+def make_model(key=0, width=4, depth=1):
+    return eqx.nn.MLP(DIM, DIM, width, depth, activation=jnp.tanh, key=jr.PRNGKey(key))
+
+
+def inputs():
+    model = make_model()
+    y0 = jnp.array([0.6, -0.4])
+    a = jnp.array(0.9)
+    c = jnp.array(0.3)
+    return model, y0, a, c
+
+
+def solve(model, y0, a, c, adjoint, *, solver=None, saveat=None, controller=None, dt0=0.1,
+          max_steps=32, t1=T1):
+    solver = diffrax.Tsit5() if solver is None else solver
+    saveat = diffrax.SaveAt(ts=jnp.linspace(0.0, t1, N_SAVE)) if saveat is None else saveat
+    if controller is None:
+        controller = diffrax.PIDController(rtol=1e-6, atol=1e-6)
+
+    def vf(t, y, args):
+        return args * model(y) - c * y + jnp.sin(4.0 * t)
+
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(vf), solver, 0.0, t1, dt0, y0, args=a, saveat=saveat,
+        stepsize_controller=controller, adjoint=adjoint, max_steps=max_steps,
+    )
+    return sol
+
+
+def loss(model, y0, a, c, adjoint, **kw):
+    ys = solve(model, y0, a, c, adjoint, **kw).ys
+    w = jnp.linspace(1.0, 2.0, ys.shape[0])[:, None] * jnp.array([1.0, 0.5])
+    return jnp.sum(w * ys**2)
+
+
+def flat(tree):
+    return np.concatenate([np.ravel(np.asarray(x)) for x in jtu.tree_leaves(eqx.filter(tree, eqx.is_array))])
+
+
+def rel_err(x, ref):
+    x, ref = flat(x), flat(ref)
+    assert x.shape == ref.shape, (x.shape, ref.shape)
+    return float(np.max(np.abs(x - ref)) / max(np.max(np.abs(ref)), 1e-300))
+
+
+def assert_close(x, ref, tol=1e-10):
+    err = rel_err(x, ref)
+    assert err <= tol, f"relative error {err:.3e} > {tol:.0e}"
+    return err
