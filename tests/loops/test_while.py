@@ -1,0 +1,198 @@
+"""retrograde.while_loop against an unbounded-memory reference (jax.lax.fori_loop with the same
+step count), in float64: every derivative mode, online schedules, buffers, counts and memory."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import retrograde
+from retrograde.schedules import Online, Revolve, revolve_optimum, simulate
+
+N = 23
+
+
+def _step(theta, w):
+    def body(state):
+        i, u, v = state
+        u = u + 0.05 * jnp.sin(theta * u) + 0.01 * w * jnp.sum(v)
+        v = v * (1.0 - 0.02 * jnp.tanh(u[0]))
+        return i + 1, u, v
+
+    return body
+
+
+def _loss(theta, w, schedule, n=N):
+    body = _step(theta, w)
+    _, u, v = retrograde.while_loop(
+        lambda s: s[0] < n, body, (jnp.int32(0), jnp.ones(3) * theta, jnp.ones(2)),
+        schedule=schedule,
+    )
+    return jnp.sum(u**2) + jnp.sum(v * u[:2])
+
+
+def _ref(theta, w, n=N):
+    body = _step(theta, w)
+    _, u, v = jax.lax.fori_loop(0, n, lambda i, s: body(s),
+                                (jnp.int32(0), jnp.ones(3) * theta, jnp.ones(2)))
+    return jnp.sum(u**2) + jnp.sum(v * u[:2])
+
+
+def close(a, b, tol):
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
+
+
+MODES = {
+    "value": lambda f: f,
+    "grad": lambda f: jax.grad(f, argnums=(0, 1)),
+    "jvp": lambda f: lambda t, w: jax.jvp(f, (t, w), (1.0, 0.5))[1],
+    "grad_grad": lambda f: jax.grad(jax.grad(f), argnums=(0, 1)),
+    "hessian": lambda f: jax.hessian(f, argnums=(0, 1)),
+    "jacrev_jacrev": lambda f: jax.jacrev(jax.jacrev(f)),
+    "hvp": lambda f: lambda t, w: jax.jvp(jax.grad(f), (t, w), (1.0, 0.0))[1],
+    "third": lambda f: jax.grad(jax.grad(jax.grad(f))),
+}
+
+
+@pytest.mark.parametrize(
+    "mode, s", [(m, 4) for m in sorted(MODES)] + [("grad", 1), ("hessian", 1)]
+)
+def test_modes_match_reference(mode, s):
+    make = MODES[mode]
+    got = jax.jit(make(lambda t, w: _loss(t, w, Online(s))))(0.7, 0.3)
+    want = make(_ref)(0.7, 0.3)
+    close(got, want, 1e-10)
+
+
+def test_vmap_batched_predicate():
+    def g(theta):
+        return retrograde.while_loop(lambda u: u < 10.0, lambda u: u * (1 + theta), 1.0,
+                                     schedule=Online(3))
+
+    def gref(theta):
+        n = jnp.ceil(jnp.log(10.0) / jnp.log1p(theta))
+        return (1 + theta) ** n
+
+    th = jnp.array([0.1, 0.3, 0.7])
+    close(jax.vmap(g)(th), jax.vmap(gref)(th), 1e-12)
+    close(jax.vmap(jax.grad(g))(th), jax.vmap(jax.grad(gref))(th), 1e-10)
+    close(jax.grad(lambda t: jnp.sum(jax.vmap(g)(t)))(th), jax.vmap(jax.grad(gref))(th), 1e-10)
+
+
+def test_max_steps_caps_the_loop():
+    out = retrograde.while_loop(lambda s: True, lambda s: s + 1.0, 0.0, max_steps=7)
+    assert float(out) == 7.0
+    g = jax.grad(lambda x: retrograde.while_loop(lambda s: True, lambda s: s * x, 1.0,
+                                                 max_steps=5))(1.1)
+    np.testing.assert_allclose(g, 5 * 1.1**4, rtol=1e-12)
+
+
+def test_zero_steps():
+    f = lambda x: retrograde.while_loop(lambda s: s > 10.0, lambda s: s * 2.0, x)
+    assert float(f(1.0)) == 1.0
+    assert float(jax.grad(f)(1.0)) == 1.0
+
+
+@pytest.mark.parametrize("n, s", [(60, 4), (300, 8)])
+def test_executed_evaluations_equal_online_schedule(n, s):
+    count = [0]
+
+    def tick():
+        count[0] += 1
+
+    def f(theta):
+        def body(st):
+            jax.debug.callback(tick)
+            return st[0] + 1, st[1] + 0.001 * jnp.sin(theta * st[1])
+
+        return jnp.sum(retrograde.while_loop(lambda st: st[0] < n, body, (0, jnp.ones(2)),
+                                             schedule=Online(s))[1])
+
+    g = jax.jit(jax.grad(f))
+    g(0.5).block_until_ready()
+    count[0] = 0
+    g(0.5).block_until_ready()
+    stats = simulate(Online(s), n)
+    assert count[0] == stats.plain + stats.recorded
+    # Within 5% of the offline optimum for the steps actually taken.
+    assert count[0] <= 1.05 * (revolve_optimum(n, s) + n)
+
+
+def test_memory_does_not_grow_with_steps():
+    def make(n):
+        def f(theta):
+            st = retrograde.while_loop(
+                lambda st: st[0] < n,
+                lambda st: (st[0] + 1, st[1] + 0.001 * jnp.tanh(theta * st[1])),
+                (0, jnp.ones(500)), schedule=Online(8))
+            return jnp.sum(st[1] ** 2)
+
+        return f
+
+    def temp(fn):
+        return jax.jit(fn).lower(0.5).compile().memory_analysis().temp_size_in_bytes
+
+    hvp = lambda f: lambda t: jax.jvp(jax.grad(f), (t,), (1.0,))[1]
+    for order in (jax.grad, hvp):
+        small, large = temp(order(make(1000))), temp(order(make(10000)))
+        assert large <= 1.1 * small
+    carry = 500 * 8
+    assert temp(jax.grad(make(1000))) <= (8 + 6) * carry
+
+
+M = 30
+
+
+def _buffered(theta, buffers):
+    def body(st):
+        i, u, saved = st
+        u = u + 0.05 * jnp.sin(theta * u)
+        return i + 1, u, saved.at[i].set(u[0] * u[1])
+
+    st = retrograde.while_loop(lambda st: st[0] < M, body, (0, jnp.ones(2), jnp.zeros(M)),
+                               schedule=Online(4), buffers=buffers)
+    return jnp.sum(st[2] ** 2) + jnp.sum(st[1])
+
+
+def _buffered_ref(theta):
+    def body(i, st):
+        u, saved = st
+        u = u + 0.05 * jnp.sin(theta * u)
+        return u, saved.at[i].set(u[0] * u[1])
+
+    u, saved = jax.lax.fori_loop(0, M, body, (jnp.ones(2), jnp.zeros(M)))
+    return jnp.sum(saved**2) + jnp.sum(u)
+
+
+def test_buffers_exact_and_not_in_snapshots():
+    f = lambda t: _buffered(t, lambda v: v[2])
+    close(f(0.5), _buffered_ref(0.5), 1e-12)
+    close(jax.grad(f)(0.5), jax.grad(_buffered_ref)(0.5), 1e-10)
+    hvp = lambda g: jax.jvp(jax.grad(g), (0.5,), (1.0,))[1]
+    close(hvp(f), hvp(_buffered_ref), 1e-10)
+    with_buf = jax.jit(jax.grad(f)).lower(0.5).compile().memory_analysis().temp_size_in_bytes
+    plain = jax.jit(jax.grad(lambda t: _buffered(t, None))).lower(0.5).compile()
+    assert with_buf < plain.memory_analysis().temp_size_in_bytes
+
+
+def test_reading_a_buffer_is_an_error():
+    def body(st):
+        i, u, saved = st
+        return i + 1, u + saved[0], saved.at[i].set(u[0])
+
+    with pytest.raises(ValueError, match="buffer leaf 2"):
+        retrograde.while_loop(lambda st: st[0] < 5, body, (0, jnp.ones(2), jnp.zeros(M)),
+                              buffers=lambda v: v[2])
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="Online"):
+        retrograde.while_loop(lambda s: s < 1, lambda s: s + 1, 0.0, schedule=Revolve(3))
+    with pytest.raises(TypeError, match="max_steps"):
+        retrograde.while_loop(lambda s: s < 1, lambda s: s + 1, 0.0, max_steps=2.5)
+    with pytest.raises(TypeError, match="boolean scalar"):
+        retrograde.while_loop(lambda s: s, lambda s: s + 1, jnp.ones(2))
+    with pytest.raises(ValueError, match="same array objects"):
+        retrograde.while_loop(lambda s: s[0] < 1, lambda s: s, (0.0, 1.0),
+                              buffers=lambda v: jnp.zeros(3))
