@@ -139,19 +139,74 @@ def _select(pred, new, old):
     return jnp.where(pred, new, old)
 
 
+class _Recorder(_Buffer):
+    """Stands for a buffer inside one iteration of :func:`bounded_while_loop`: it records the one
+    write ``(index, value, pred)`` the iteration makes, instead of carrying the buffer through
+    the loop. (A buffer carried through a ``scan`` would count as read by the outer step.)"""
+
+    def __getitem__(self, item):
+        raise RuntimeError(
+            "retrograde.diffrax: a save buffer was read inside an inner loop of the solver step."
+        )
+
+    @property
+    def at(self):
+        return _RecorderAt(self)
+
+    def _op(self, pred, item, x, op, kwargs, makes_false_steps):  # pragma: no cover
+        raise NotImplementedError
+
+
+class _RecorderAt:
+    def __init__(self, rec):
+        self._rec = rec
+
+    def __getitem__(self, item):
+        return _RecorderItem(self._rec, item)
+
+
+class _RecorderItem:
+    def __init__(self, rec, item):
+        self._rec = rec
+        self._item = item
+
+    def set(self, x, *, pred=True, **kwargs):
+        rec = self._rec
+        if kwargs:
+            raise NotImplementedError(
+                f"retrograde.diffrax: buffer writes with keyword arguments {sorted(kwargs)} are "
+                "not supported."
+            )
+        if rec._array is not None:
+            raise NotImplementedError(
+                "retrograde.diffrax: an inner-loop iteration wrote the same buffer twice."
+            )
+        i = _scalar_index(self._item)
+        if i is None:
+            raise NotImplementedError(
+                "retrograde.diffrax: an inner-loop buffer write needs a scalar index on the "
+                f"leading axis, got {self._item!r}."
+            )
+        shape, dtype = rec._tag
+        x = jnp.broadcast_to(jnp.asarray(x, dtype), shape)
+        return _Recorder((jnp.asarray(i, jnp.int32), x, pred), rec._pred, rec._tag, False)
+
+
 def bounded_while_loop(cond_fun, body_fun, init_val, *, max_steps: int, buffers=None, **_):
     """``lax.while_loop`` semantics, stopping after ``max_steps`` iterations, as nested
-    ``lax.scan`` of ``lax.cond``: ``depth = 2`` levels of ``ceil(sqrt(max_steps))`` iterations,
-    a finished chunk skipped by its ``cond``. Under ``vmap`` with a batched predicate the chunk
-    runs while any element is live and every element is masked by its own predicate.
+    ``lax.scan`` of ``lax.cond``: 2 levels of ``ceil(sqrt(max_steps))`` iterations, a finished
+    chunk skipped by its ``cond``. Under ``vmap`` with a batched predicate a chunk runs while any
+    element is live and every element is masked by its own predicate.
 
-    ``buffers(init_val)`` names leaves written by index only; they are written through
-    :class:`WriteOnly` with the liveness predicate (a pure scatter), not masked as wholes.
-    Leaves of ``init_val`` that already are :class:`WriteOnly` are treated as buffers too.
+    Buffers (``buffers(init_val)``, and leaves that already are :class:`WriteOnly`) are not
+    carried: each iteration's single write ``buf.at[i].set(x, pred=p)`` is recorded in a local
+    table of ``max_steps`` rows, and the buffer gets one scatter after the loop (rows of
+    iterations that did not write go out of bounds and are dropped). The buffer is never read.
     """
     if not isinstance(max_steps, int) or max_steps < 0:
         raise ValueError(f"bounded_while_loop: max_steps must be an int >= 0, got {max_steps!r}.")
-    # Flatten with WriteOnly objects as leaves, remember which leaves are buffers.
+    if max_steps == 0:
+        return init_val
     leaves, treedef = jtu.tree_flatten(init_val, is_leaf=is_write_only)
     buffer_ids = set()
     if buffers is not None:
@@ -160,50 +215,59 @@ def bounded_while_loop(cond_fun, body_fun, init_val, *, max_steps: int, buffers=
     was_wrapped = [is_write_only(x) for x in leaves]
     outer_pred = [x._pred if is_write_only(x) else True for x in leaves]
     plain = [x._array if is_write_only(x) else x for x in leaves]
-    dyn_idx = [k for k, x in enumerate(plain) if eqx.is_array_like(x)]
+    dyn_idx = [k for k, x in enumerate(plain) if eqx.is_array_like(x) and not is_buf[k]]
+    buf_idx = [k for k in range(len(plain)) if is_buf[k]]
     dyn = [jnp.asarray(plain[k]) for k in dyn_idx]
-    static = list(plain)
-    if max_steps == 0:
-        return init_val
+    bufs = [jnp.asarray(plain[k]) for k in buf_idx]
+    tables = [
+        (jnp.zeros((max_steps, *b.shape[1:]), b.dtype), jnp.full((max_steps,), b.shape[0], jnp.int32))
+        for b in bufs
+    ]
 
-    def rebuild(dyn_vals, live):
-        out = list(static)
+    def rebuild(dyn_vals, recorders):
+        out = list(plain)
         for k, v in zip(dyn_idx, dyn_vals):
             out[k] = v
-        for k in range(len(out)):
-            if is_buf[k]:
-                p = outer_pred[k]
-                if live is not True:
-                    p = live if p is True else jnp.logical_and(p, live)
-                out[k] = wrap(out[k], p)
-        return jtu.tree_unflatten(treedef, out)
-
-    def flat_out(val):
-        out_leaves, out_tree = jtu.tree_flatten(val, is_leaf=is_write_only)
-        if out_tree != treedef:
-            raise TypeError(
-                "retrograde.diffrax: an inner loop's body changed the structure of its carry "
-                f"from {treedef} to {out_tree}."
+        for k, b in zip(buf_idx, bufs):
+            out[k] = (
+                _Recorder(None, True, (b.shape[1:], b.dtype), False) if recorders else b
             )
-        out_leaves = [x._array if is_write_only(x) else x for x in out_leaves]
-        return [jnp.asarray(out_leaves[k], dtype=jnp.result_type(d)) for k, d in zip(dyn_idx, dyn)]
+        return jtu.tree_unflatten(treedef, out)
 
     def live_pred(count, dyn_vals):
         p = cond_fun(rebuild(dyn_vals, True))
         return jnp.logical_and(jnp.asarray(p), count < max_steps)
 
     def one(carry):
-        count, dyn_vals = carry
+        count, dyn_vals, tabs = carry
         live = live_pred(count, dyn_vals)
-        new = flat_out(body_fun(rebuild(dyn_vals, live)))
-        out = [
-            nv if is_buf[k] else _select(live, nv, ov)
-            for k, nv, ov in zip(dyn_idx, new, dyn_vals)
+        out = body_fun(rebuild(dyn_vals, True))
+        out_leaves, out_tree = jtu.tree_flatten(out, is_leaf=lambda x: isinstance(x, _Buffer))
+        if out_tree != treedef:
+            raise TypeError(
+                "retrograde.diffrax: an inner loop's body changed the structure of its carry "
+                f"from {treedef} to {out_tree}."
+            )
+        new_dyn = [
+            _select(live, jnp.asarray(out_leaves[k], d.dtype), d) for k, d in zip(dyn_idx, dyn_vals)
         ]
-        return count + 1, out
+        new_tabs = []
+        for k, b, (vals, idx) in zip(buf_idx, bufs, tabs):
+            rec = out_leaves[k]
+            if not isinstance(rec, _Recorder):
+                raise TypeError("retrograde.diffrax: an inner loop replaced a buffer.")
+            if rec._array is None:  # no write this iteration
+                new_tabs.append((vals, idx))
+                continue
+            i, x, p = rec._array
+            ok = live if p is True else jnp.logical_and(live, p)
+            vals = vals.at[count].set(x, mode="drop")
+            idx = idx.at[count].set(jnp.where(ok, i, b.shape[0]), mode="drop")
+            new_tabs.append((vals, idx))
+        return count + 1, new_dyn, new_tabs
 
     def any_live(carry):
-        count, dyn_vals = carry
+        count, dyn_vals, _ = carry
         return eqxi.unvmap_any(live_pred(count, dyn_vals))
 
     base = max(2, math.isqrt(max_steps - 1) + 1) if max_steps > 1 else 1
@@ -217,15 +281,19 @@ def bounded_while_loop(cond_fun, body_fun, init_val, *, max_steps: int, buffers=
 
         return jax.lax.scan(chunk, carry, None, length=base)[0]
 
-    total = 1 if max_steps == 1 else base * base
-    carry = (jnp.int32(0), dyn)
+    carry = (jnp.int32(0), dyn, tables)
     if max_steps == 1:
         carry = jax.lax.cond(any_live(carry), one, lambda c: c, carry)
     else:
-        carry = level(carry, total)
-    _, dyn_final = carry
-    out = list(static)
+        carry = level(carry, base * base)
+    _, dyn_final, tabs = carry
+    out = list(plain)
     for k, v in zip(dyn_idx, dyn_final):
         out[k] = v
+    for k, b, (vals, idx) in zip(buf_idx, bufs, tabs):
+        p = outer_pred[k]
+        if p is not True:
+            idx = jnp.where(p, idx, b.shape[0])
+        out[k] = b.at[idx].set(vals, mode="drop")
     out = [wrap(v, outer_pred[k]) if was_wrapped[k] else v for k, v in enumerate(out)]
     return jtu.tree_unflatten(treedef, out)
