@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._machine import CAP, _next_beta, repetition
+from ._machine import repetition
 
 i32 = jnp.int32
 COST_CAP = 1 << 30

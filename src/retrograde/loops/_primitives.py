@@ -38,7 +38,7 @@ from jax._src.interpreters import ad, batching, mlir
 from jax.extend.core import Primitive
 
 from ._body import Body, batch_body, is_float, jvp_body, split
-from ._execute import adjoint, adjoint_while, advance_steps, forward, forward_while
+from ._execute import adjoint, adjoint_while, advance_steps, forward
 from ._plan import compile_plan
 
 fwd_p = Primitive("retrograde_forward")
@@ -358,8 +358,6 @@ def _adj_transpose(cts, *args, body, length, schedule, has_ck, ymask):
     nfc, nfx = sum(_floats(body.const_avals)), sum(_floats(body.x_avals))
     ct_c, ct_k, ct_x = split(cts, [nfc, nkf, nfx])
     x_avals = [_timed(a, length) for a in body.x_avals]
-    y_avals = [_timed(a, length) for a in body.y_avals]
-    y_avals_f = [a for a, f in zip(y_avals, fy) if f]
     if not any(_undef(v) for v in [*c, *k, *x, *ckv]):
         # w -> J^T w is linear; its transpose is ct -> J ct.
         dz = (
