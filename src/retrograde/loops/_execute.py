@@ -35,6 +35,21 @@ def _zeros(avals, lead=()):
     return [jnp.zeros(lead + tuple(a.shape), a.dtype) for a in avals]
 
 
+def _zeros_after(avals, lead, deps):
+    """Zeros that XLA cannot allocate before ``deps`` exist.
+
+    Snapshot slots of a reverse sweep are otherwise materialised when the program starts, and
+    the slots of independent sweeps (as in higher derivatives) then all live at once.
+    """
+    leaves = [d for d in deps if d.size]
+    if not leaves:
+        return _zeros(avals, lead)
+    dep = leaves[0].ravel()[0]
+    return [
+        jnp.broadcast_to((dep * 0).astype(a.dtype), lead + tuple(a.shape)) for a in avals
+    ]
+
+
 def forward(body: Body, plan: Plan, consts, carry, xs, save: bool):
     """Run all ``N`` steps. Returns ``(carry_N, ys, slots, cur)``; ``slots`` holds the first
     sweep's snapshots and ``cur`` is ``u_{N-1}`` (both empty lists unless ``save``)."""
@@ -152,7 +167,7 @@ def adjoint(body: Body, plan: Plan, consts, carry0, xs, ck, carry_bar, ys_bar, y
         return consts_bar, list(carry_bar), xs_bar
     if ck is None:
         rows = plan.rows
-        slots = _zeros(body.snapshot_avals, (plan.n_slots,))
+        slots = _zeros_after(body.snapshot_avals, (plan.n_slots,), list(carry_bar))
         cur = list(carry0)
     else:
         rows = plan.rows[plan.first_record :]
@@ -221,7 +236,7 @@ def adjoint_while(body: Body, n_slots: int, n_steps, consts, carry0, ck, carry_b
             slots, held = _place(n, body.snapshot(carry), slots, held, n_slots)
             return body(consts, carry, [])[0], slots, held
 
-        init = (list(carry0), _zeros(body.snapshot_avals, (n_slots,)),
+        init = (list(carry0), _zeros_after(body.snapshot_avals, (n_slots,), list(carry_bar)),
                 jnp.full((n_slots,), -1, jnp.int32))
         _, slots, held = lax.fori_loop(0, n_steps, replay, init)
     else:
