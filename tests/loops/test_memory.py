@@ -32,7 +32,7 @@ BOUNDS = {
 
 
 def _loss(scan, n, theta, u0):
-    step = lambda u, _: (u + 0.01 * jnp.sin(theta * u), None)  # noqa: E731
+    step = lambda u, _: (u + 0.01 * jnp.sin(theta * u), None)
     u, _ = scan(step, u0, None, length=n)
     return jnp.sum(u ** 2)
 
@@ -64,7 +64,7 @@ def _lax(f, u0, xs, length):
     return jax.lax.scan(f, u0, xs, length=length)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def temp_bytes(order, which, n):
     scan = {"ours": _ours, "lax": _lax}[which]
     compiled = jax.jit(_program(order, scan, n)).lower(jnp.float64(0.5), jnp.ones(D)).compile()

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-import retrograde
 from retrograde import schedules as rs
 from retrograde.loops._plan import compile_plan
 
@@ -42,7 +41,7 @@ def sharded():
     mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("x",))
     sharding = NamedSharding(mesh, PartitionSpec("x"))
     u0 = jax.device_put(jnp.linspace(-1.0, 1.0, D), sharding)
-    grad = jax.jit(jax.value_and_grad(lambda th, u: _loss(P.rscan(SCHEDULE), th, u), (0, 1)))
+    grad = P.jit(jax.value_and_grad(lambda th, u: _loss(P.rscan(SCHEDULE), th, u), (0, 1)))
     compiled = grad.lower(jnp.float64(0.7), u0).compile()
     return sharding, u0, compiled
 
@@ -50,7 +49,7 @@ def sharded():
 def test_sharded_gradient_matches_reference(sharded):
     sharding, u0, compiled = sharded
     value, (g_theta, g_u) = compiled(jnp.float64(0.7), u0)
-    ref = jax.jit(jax.value_and_grad(lambda th, u: _loss(P.lax_scan, th, u), (0, 1)))(
+    ref = P.jit(jax.value_and_grad(lambda th, u: _loss(P.lax_scan, th, u), (0, 1)))(
         jnp.float64(0.7), np.asarray(u0)
     )
     P.assert_close((value, (g_theta, g_u)), ref, 1e-12, "sharded grad")
