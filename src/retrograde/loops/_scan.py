@@ -12,6 +12,7 @@ from jax import tree_util
 
 from ..schedules import Revolve, Schedule, beta
 from ._body import make_body
+from ._carry import leaf_array, match_carry
 from ._plan import check_offline
 from ._primitives import fwd_p
 
@@ -29,22 +30,6 @@ def default_schedule(length: int) -> Revolve:
     while beta(s, 2) < length:
         s += 1
     return Revolve(s)
-
-
-def _leaf_array(leaf, what: str):
-    if isinstance(leaf, (jax.Array, int, float, complex, bool)) or hasattr(leaf, "__jax_array__"):
-        return jnp.asarray(leaf)
-    try:
-        import numpy as np
-
-        if isinstance(leaf, (np.ndarray, np.generic)):
-            return jnp.asarray(leaf)
-    except ImportError:  # pragma: no cover
-        pass
-    raise TypeError(
-        f"retrograde.scan: every leaf of {what} must be an array or a scalar, got "
-        f"{type(leaf).__name__} ({leaf!r}). Put non-array data in a closure instead."
-    )
 
 
 def scan(
@@ -101,7 +86,7 @@ def scan(
     if not callable(f):
         raise TypeError(f"retrograde.scan: f must be callable, got {f!r}.")
     xs_flat, xs_tree = tree_util.tree_flatten(xs)
-    xs_flat = [_leaf_array(x, "xs") for x in xs_flat]
+    xs_flat = [leaf_array(x, "retrograde.scan", "xs") for x in xs_flat]
     if length is not None:
         try:
             length = operator.index(length)
@@ -134,7 +119,7 @@ def scan(
     schedule = check_offline(schedule, "retrograde.scan")
 
     init_flat, init_tree = tree_util.tree_flatten(init)
-    init_flat = [_leaf_array(c, "init") for c in init_flat]
+    init_flat = [leaf_array(c, "retrograde.scan", "init") for c in init_flat]
     carry_sds = [jax.ShapeDtypeStruct(c.shape, c.dtype) for c in init_flat]
     x_sds = [jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in xs_flat]
     out_tree_box = []
@@ -146,29 +131,7 @@ def scan(
         if not (isinstance(out, tuple) and len(out) == 2):
             raise TypeError("retrograde.scan: f must return a pair (carry, y).")
         new_carry, y = out
-        new_flat, new_tree = tree_util.tree_flatten(new_carry)
-        if new_tree != init_tree:
-            raise TypeError(
-                "retrograde.scan: f must return a carry with the same structure as init; got "
-                f"{new_tree} for init {init_tree}."
-            )
-        fixed = []
-        for old, new in zip(carry_sds, new_flat):
-            new = jnp.asarray(new)
-            if new.shape != old.shape:
-                raise TypeError(
-                    f"retrograde.scan: the carry changed shape from {old.shape} to {new.shape}."
-                )
-            if new.dtype != old.dtype:
-                if jnp.result_type(new.dtype, old.dtype) != old.dtype and not getattr(
-                    new, "weak_type", False
-                ):
-                    raise TypeError(
-                        f"retrograde.scan: the carry changed dtype from {old.dtype} to "
-                        f"{new.dtype}; cast it in f or change init's dtype."
-                    )
-                new = new.astype(old.dtype)
-            fixed.append(new)
+        fixed = match_carry("retrograde.scan", "f", new_carry, init_tree, carry_sds)
         y_flat, y_tree = tree_util.tree_flatten(y)
         out_tree_box.append(y_tree)
         return [*fixed, *[jnp.asarray(v) for v in y_flat]]

@@ -29,9 +29,9 @@ from jax.extend.core import Primitive, jaxpr_as_fun
 
 from ..schedules import Online, Schedule
 from ._body import Body, batch_body, make_body, split
+from ._carry import leaf_array, match_carry
 from ._execute import forward_while
 from ._primitives import _ck_avals, _to_axis, _zero, apply_tangent
-from ._scan import _leaf_array
 
 T = TypeVar("T")
 
@@ -171,27 +171,12 @@ def while_loop(
             raise ValueError(f"retrograde.while_loop: max_steps={max_steps} is negative.")
     flat, tree = tree_util.tree_flatten(init_val)
     originals = list(flat)
-    flat = [_leaf_array(v, "init_val") for v in flat]
+    flat = [leaf_array(v, "retrograde.while_loop", "init_val") for v in flat]
     sds = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in flat]
 
     def flat_body(*args):
         new = body_fun(tree_util.tree_unflatten(tree, args))
-        new_flat, new_tree = tree_util.tree_flatten(new)
-        if new_tree != tree:
-            raise TypeError(
-                "retrograde.while_loop: body_fun must return the structure of init_val; got "
-                f"{new_tree} for {tree}."
-            )
-        out = []
-        for old, v in zip(sds, new_flat):
-            v = jnp.asarray(v)
-            if v.shape != old.shape:
-                raise TypeError(
-                    f"retrograde.while_loop: body_fun changed a shape from {old.shape} to "
-                    f"{v.shape}."
-                )
-            out.append(v.astype(old.dtype))
-        return out
+        return match_carry("retrograde.while_loop", "body_fun", new, tree, sds)
 
     def flat_cond(*args):
         ok = jnp.asarray(cond_fun(tree_util.tree_unflatten(tree, args)))
