@@ -105,6 +105,39 @@ def test_hessian_and_grad_grad(schedule):
     _check(_some_orders(P.rscan(schedule))(*_args()), _reference("some"))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "schedule", [s for _, s in P.offline_schedules()], ids=[i for i, _ in P.offline_schedules()]
+)
+def test_every_higher_order_transformation_every_schedule(schedule):
+    _check(_all_orders(P.rscan(schedule))(*_args()), _reference("all"))
+
+
+def _nested_loss(scan, theta):
+    """A loop whose step runs an inner loop (the case where a custom_vjp adjoint breaks
+    ``jax.hessian``)."""
+
+    def outer(u, x):
+        def inner(v, z):
+            return v + 0.1 * jnp.tanh(theta * v * x + z), jnp.sum(v)
+
+        v, ys = scan(inner, u, jnp.linspace(0.0, 0.3, 3) * x)
+        return v, jnp.sum(ys ** 2)
+
+    u, ys = scan(outer, jnp.array([0.3, -0.2]), jnp.linspace(0.5, 1.5, 4))
+    return jnp.sum(u ** 2) + jnp.sum(ys)
+
+
+def test_nested_hessian_and_grad_grad():
+    def program(scan):
+        L = functools.partial(_nested_loss, scan)
+        return P.jit(lambda th: (jax.hessian(L)(th), jax.grad(jax.grad(L))(th)))
+
+    got = program(P.rscan(rs.Revolve(2)))(jnp.float64(0.7))
+    ref = program(P.lax_scan)(jnp.float64(0.7))
+    P.assert_close(got, ref, RTOL, "nested")
+
+
 # ----------------------------------------------------------------------------- Taylor tests
 
 
