@@ -60,7 +60,8 @@ def solve(model, y0, a, c, adjoint, *, solver=None, saveat=None, controller=None
         controller = diffrax.PIDController(rtol=1e-6, atol=1e-6)
 
     def vf(t, y, args):
-        return args * model(y) - c * y + jnp.sin(4.0 * t)
+        f = model(y) if y.ndim == 1 else jax.vmap(model)(y)  # (DIM,) or a batch (B, DIM)
+        return args * f - c * y + jnp.sin(4.0 * t)
 
     sol = diffrax.diffeqsolve(
         diffrax.ODETerm(vf), solver, 0.0, t1, dt0, y0, args=a, saveat=saveat,
@@ -72,6 +73,7 @@ def solve(model, y0, a, c, adjoint, *, solver=None, saveat=None, controller=None
 def loss(model, y0, a, c, adjoint, **kw):
     ys = solve(model, y0, a, c, adjoint, **kw).ys
     w = jnp.linspace(1.0, 2.0, ys.shape[0])[:, None] * jnp.array([1.0, 0.5])
+    w = w.reshape(w.shape[:1] + (1,) * (ys.ndim - 2) + w.shape[1:])
     return jnp.sum(w * ys**2)
 
 
@@ -89,3 +91,23 @@ def assert_close(x, ref, tol=1e-10):
     err = rel_err(x, ref)
     assert err <= tol, f"relative error {err:.3e} > {tol:.0e}"
     return err
+
+
+def second_order_temp_bytes(adjoint, n_steps, batch=64, **extra):
+    """Compile (do not run) d/d(model) |d loss / d y0|^2 with ``n_steps`` constant steps on a
+    batch of ``batch`` initial values; return ``memory_analysis().temp_size_in_bytes``."""
+    model, y0, a, c = inputs()
+    y0 = jnp.tile(y0, (batch, 1)) * jnp.linspace(0.5, 1.5, batch)[:, None]
+    kw = dict(controller=diffrax.ConstantStepSize(), dt0=T1 / n_steps, max_steps=n_steps, **extra)
+    dyn, static = eqx.partition(model, eqx.is_array)
+
+    def gg(dyn, y0, a, c):
+        def inner(d):
+            m = eqx.combine(d, static)
+            g = jax.grad(lambda y: loss(m, y, a, c, adjoint, **kw))(y0)
+            return jnp.sum(g**2)
+
+        return jax.grad(inner)(dyn)
+
+    compiled = jax.jit(gg).lower(dyn, y0, a, c).compile()
+    return compiled.memory_analysis().temp_size_in_bytes

@@ -11,7 +11,6 @@ and is dropped, so nothing is read. The loops themselves only ever see plain arr
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import equinox as eqx
@@ -37,24 +36,27 @@ def _scalar_index(item):
 
 
 def _write(array, item, x, pred, kwargs):
-    """``array.at[item].set(x)`` where ``pred`` holds; no read of ``array``."""
+    """``array.at[item].set(x)`` where ``pred`` holds; no read of ``array``. A scalar index is
+    written with ``unique_indices=True`` (one row: trivially unique), whose JVP is a plain scatter
+    of the tangent (the general scatter JVP builds operand-sized masks)."""
     if kwargs:
         raise NotImplementedError(
             f"retrograde.diffrax: buffer writes with keyword arguments {sorted(kwargs)} are not "
             "supported."
         )
-    if pred is True:
-        return array.at[item].set(x)
     i = _scalar_index(item)
     if i is None:
+        if pred is True:
+            return array.at[item].set(x)
         raise NotImplementedError(
             "retrograde.diffrax: a predicated buffer write needs a scalar index on the leading "
             f"axis, got {item!r}."
         )
-    pred = jnp.asarray(pred)
     i = jnp.asarray(i)
-    j = jnp.where(pred, i, jnp.asarray(array.shape[0], i.dtype))
-    return array.at[j].set(jnp.asarray(x, array.dtype), mode="drop")
+    if pred is not True:
+        i = jnp.where(jnp.asarray(pred), i, jnp.asarray(array.shape[0], i.dtype))
+    x = jnp.broadcast_to(jnp.asarray(x, array.dtype), array.shape[1:])
+    return array.at[i].set(x, mode="drop", unique_indices=True)
 
 
 class WriteOnly(_Buffer):
@@ -193,15 +195,20 @@ class _RecorderItem:
 
 
 def bounded_while_loop(cond_fun, body_fun, init_val, *, max_steps: int, buffers=None, **_):
-    """``lax.while_loop`` semantics, stopping after ``max_steps`` iterations, as nested
-    ``lax.scan`` of ``lax.cond``: 2 levels of ``ceil(sqrt(max_steps))`` iterations, a finished
-    chunk skipped by its ``cond``. Under ``vmap`` with a batched predicate a chunk runs while any
-    element is live and every element is masked by its own predicate.
+    """``lax.while_loop`` semantics, stopping after ``max_steps`` iterations, differentiable in
+    every mode: ``lax.cond(any live, lax.scan of max_steps masked iterations, skip)``.
+
+    The ``cond`` skips the whole loop when it would not run at all (a solver step that saves
+    nothing). Inside, iterations past the end are masked, not skipped: a ``cond`` per iteration
+    would make JAX store the values the body closes over (the step's dense output) once per
+    iteration when differentiating, while a plain ``scan`` hoists such loop-invariant residuals.
+    Under ``vmap`` with a batched predicate each element is masked by its own predicate.
 
     Buffers (``buffers(init_val)``, and leaves that already are :class:`WriteOnly`) are not
-    carried: each iteration's single write ``buf.at[i].set(x, pred=p)`` is recorded in a local
-    table of ``max_steps`` rows, and the buffer gets one scatter after the loop (rows of
-    iterations that did not write go out of bounds and are dropped). The buffer is never read.
+    carried: each iteration's single write ``buf.at[i].set(x, pred=p)`` becomes a row of the
+    scan's stacked output, and the buffer gets one scatter after the loop (rows of iterations
+    that did not write point out of bounds, each to its own index, and are dropped). The buffer
+    is never read.
     """
     if not isinstance(max_steps, int) or max_steps < 0:
         raise ValueError(f"bounded_while_loop: max_steps must be an int >= 0, got {max_steps!r}.")
@@ -219,29 +226,21 @@ def bounded_while_loop(cond_fun, body_fun, init_val, *, max_steps: int, buffers=
     buf_idx = [k for k in range(len(plain)) if is_buf[k]]
     dyn = [jnp.asarray(plain[k]) for k in dyn_idx]
     bufs = [jnp.asarray(plain[k]) for k in buf_idx]
-    tables = [
-        (jnp.zeros((max_steps, *b.shape[1:]), b.dtype), jnp.full((max_steps,), b.shape[0], jnp.int32))
-        for b in bufs
-    ]
 
-    def rebuild(dyn_vals, recorders):
+    def rebuild(dyn_vals):
         out = list(plain)
         for k, v in zip(dyn_idx, dyn_vals):
             out[k] = v
         for k, b in zip(buf_idx, bufs):
-            out[k] = (
-                _Recorder(None, True, (b.shape[1:], b.dtype), False) if recorders else b
-            )
+            out[k] = _Recorder(None, True, (b.shape[1:], b.dtype), False)
         return jtu.tree_unflatten(treedef, out)
 
-    def live_pred(count, dyn_vals):
-        p = cond_fun(rebuild(dyn_vals, True))
-        return jnp.logical_and(jnp.asarray(p), count < max_steps)
+    def live_pred(dyn_vals):
+        return jnp.asarray(cond_fun(rebuild(dyn_vals)), bool)
 
-    def one(carry):
-        count, dyn_vals, tabs = carry
-        live = live_pred(count, dyn_vals)
-        out = body_fun(rebuild(dyn_vals, True))
+    def one(dyn_vals, j):
+        live = live_pred(dyn_vals)
+        out = body_fun(rebuild(dyn_vals))
         out_leaves, out_tree = jtu.tree_flatten(out, is_leaf=lambda x: isinstance(x, _Buffer))
         if out_tree != treedef:
             raise TypeError(
@@ -251,49 +250,48 @@ def bounded_while_loop(cond_fun, body_fun, init_val, *, max_steps: int, buffers=
         new_dyn = [
             _select(live, jnp.asarray(out_leaves[k], d.dtype), d) for k, d in zip(dyn_idx, dyn_vals)
         ]
-        new_tabs = []
-        for k, b, (vals, idx) in zip(buf_idx, bufs, tabs):
+        rows = []
+        for k, b in zip(buf_idx, bufs):
             rec = out_leaves[k]
             if not isinstance(rec, _Recorder):
                 raise TypeError("retrograde.diffrax: an inner loop replaced a buffer.")
-            if rec._array is None:  # no write this iteration
-                new_tabs.append((vals, idx))
+            if rec._array is None:  # this buffer is never written by the body
+                rows.append(None)
                 continue
             i, x, p = rec._array
             ok = live if p is True else jnp.logical_and(live, p)
-            vals = vals.at[count].set(x, mode="drop")
-            idx = idx.at[count].set(jnp.where(ok, i, b.shape[0]), mode="drop")
-            new_tabs.append((vals, idx))
-        return count + 1, new_dyn, new_tabs
+            rows.append((x, jnp.where(ok, i, b.shape[0] + j)))
+        return new_dyn, rows
 
-    def any_live(carry):
-        count, dyn_vals, _ = carry
-        return eqxi.unvmap_any(live_pred(count, dyn_vals))
+    row_shapes = jax.eval_shape(lambda d: one(d, jnp.int32(0))[1], dyn)
 
-    base = max(2, math.isqrt(max_steps - 1) + 1) if max_steps > 1 else 1
+    def run(dyn_vals):
+        return jax.lax.scan(one, dyn_vals, jnp.arange(max_steps, dtype=jnp.int32))
 
-    def level(carry, steps):
-        if steps <= 1:
-            return one(carry)
+    def skip(dyn_vals):
+        rows = [
+            None
+            if r is None
+            else (
+                jnp.zeros((max_steps, *r[0].shape), r[0].dtype),
+                b.shape[0] + jnp.arange(max_steps, dtype=jnp.int32),
+            )
+            for r, b in zip(row_shapes, bufs)
+        ]
+        return list(dyn_vals), rows
 
-        def chunk(c, _):
-            return jax.lax.cond(any_live(c), lambda c: level(c, steps // base), lambda c: c, c), None
-
-        return jax.lax.scan(chunk, carry, None, length=base)[0]
-
-    carry = (jnp.int32(0), dyn, tables)
-    if max_steps == 1:
-        carry = jax.lax.cond(any_live(carry), one, lambda c: c, carry)
-    else:
-        carry = level(carry, base * base)
-    _, dyn_final, tabs = carry
+    dyn_final, rows = jax.lax.cond(eqxi.unvmap_any(live_pred(dyn)), run, skip, dyn)
     out = list(plain)
     for k, v in zip(dyn_idx, dyn_final):
         out[k] = v
-    for k, b, (vals, idx) in zip(buf_idx, bufs, tabs):
+    for k, b, r in zip(buf_idx, bufs, rows):
+        if r is None:
+            out[k] = b
+            continue
+        vals, idx = r
         p = outer_pred[k]
         if p is not True:
-            idx = jnp.where(p, idx, b.shape[0])
-        out[k] = b.at[idx].set(vals, mode="drop")
+            idx = jnp.where(p, idx, b.shape[0] + jnp.arange(max_steps, dtype=jnp.int32))
+        out[k] = b.at[idx].set(vals, mode="drop", unique_indices=True)
     out = [wrap(v, outer_pred[k]) if was_wrapped[k] else v for k, v in enumerate(out)]
     return jtu.tree_unflatten(treedef, out)
