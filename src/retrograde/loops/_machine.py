@@ -171,6 +171,15 @@ def step(st):
         return new, (op.astype(i32), a, arg_b.astype(i32))
 
     def store(st):
+        # The right part is one step: record it without a snapshot (as the Python generator).
+        last = st["m"] == st["b"] - 1
+        return lax.cond(last, record_last, store_new, st)
+
+    def record_last(st):
+        new = dict(st, b=st["m"], at_hand=jnp.bool_(False), phase=i32(P_TASK))
+        return new, (i32(RECORD), st["m"], i32(0))
+
+    def store_new(st):
         slot = st["free"][st["fp"] - 1]
         fp = st["fp"] - 1
         sp = st["sp"]

@@ -51,7 +51,8 @@ class Revolve(OfflineSchedule):
     """Optimal offline binomial checkpointing with ``snapshots`` slots in one storage level.
 
     Plain evaluations equal the proven optimum ``t(N, s) = r*N - C(s+r, s+1)``
-    (:func:`revolve_optimum`); recorded evaluations are ``N``. Peak slots: ``min(s, N)``.
+    (:func:`revolve_optimum`); recorded evaluations are ``N``. Peak slots: ``min(s, N - 1)``
+    (``1`` for ``N = 1``): a state recorded right after it is computed is never stored.
     Generating the actions needs ``O(s)`` memory and ``O(N)`` time.
 
     Args:
@@ -119,6 +120,10 @@ def _reverse(n_steps: int, snapshots: int) -> Iterator[Action]:
             j, q = revolve_split(n, s, r)
             m = a + j
             yield Advance(a, m)
+            if m == b - 1:  # the right part is one step: record it, no snapshot needed
+                yield Record(m)
+                b, at_hand, r = m, False, q
+                continue
             slot_m = free.pop()
             yield Store(m, slot_m, 0)
             stack.append((a, m, s, slot_a, False, q))

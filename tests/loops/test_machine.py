@@ -1,0 +1,69 @@
+"""The in-graph schedule machinery equals its pure-Python twin, action by action.
+
+``_machine`` generates the binomial reversal inside a compiled program (for run-time step
+counts); ``_placement`` is the ``Online`` forward rule in ``jax.numpy``.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from retrograde.loops import _machine as M
+from retrograde.loops._placement import store_slot
+from retrograde.schedules import Advance, Record, Restore, Revolve, Store
+from retrograde.schedules._online import online_store_slot
+
+OPS = {Advance: M.ADVANCE, Store: M.STORE, Restore: M.RESTORE, Record: M.RECORD}
+CAPACITY = 4000
+
+
+def python_rows(n, s):
+    """Revolve's actions as (op, step, stop-or-None), without the initial Store(0) and Frees."""
+    rows = []
+    for act in list(Revolve(s).actions(n))[1:]:
+        op = OPS.get(type(act))
+        if op is None:
+            continue
+        rows.append((op, act[0], act[1] if op == M.ADVANCE else None))
+    return rows
+
+
+@jax.jit
+def machine_rows(n, starts, slots, n_seg):
+    state = M.init_state(starts.shape[0], starts, slots, n_seg, n, True)
+    buf = jnp.full((CAPACITY, 3), -1, jnp.int32)
+
+    def go(c):
+        return (c[0]["phase"] != M.P_DONE) & (c[2] < CAPACITY) & (c[3] < 4 * CAPACITY)
+
+    def one(c):
+        st, buf, i, it = c
+        st, (op, a, b) = M.step(st)
+        keep = op != M.NOP
+        buf = jnp.where(keep, buf.at[i].set(jnp.stack([op, a, b])), buf)
+        return st, buf, i + keep.astype(jnp.int32), it + 1
+
+    _, buf, i, _ = jax.lax.while_loop(go, one, (state, buf, jnp.int32(0), jnp.int32(0)))
+    return buf, i
+
+
+@pytest.mark.parametrize("s", [1, 2, 3, 5, 8])
+def test_machine_reproduces_revolve(s):
+    zeros = jnp.zeros(s, jnp.int32)
+    for n in (1, 2, 3, 7, 20, 57, 200):
+        buf, count = machine_rows(n, zeros, zeros, 1)
+        got = [(int(o), int(a), int(b) if o == M.ADVANCE else None)
+               for o, a, b in np.asarray(buf)[: int(count)]]
+        assert got == python_rows(n, s), (n, s)
+
+
+@pytest.mark.parametrize("s", [1, 2, 4, 8])
+def test_placement_matches_online_rule(s):
+    rule = jax.jit(lambda n, h: store_slot(n, h, s))
+    held = [-1] * s
+    for n in range(250):
+        want = online_store_slot(n, held, s)
+        assert int(rule(n, jnp.asarray(held, jnp.int32))) == want, (n, held)
+        if want >= 0:
+            held[want] = n
