@@ -1,0 +1,176 @@
+"""Diffrax adjoints on a neural ODE: CheckpointAdjoint vs RecursiveCheckpointAdjoint,
+DirectAdjoint and BacksolveAdjoint.
+
+Problem: an equinox MLP vector field (width 64, depth 2, tanh) on a batch of 64 two-dimensional
+states, Tsit5, float64. Runs:
+
+- ``const N`` for N in {1000, 4000}: constant steps, loss on the final state (``SaveAt(t1=True)``);
+- ``adaptive``: PIDController(rtol=atol=1e-6), ``SaveAt(ts=...)`` at 100 times, max_steps 4096.
+
+For each adjoint: first-order gradient w.r.t. the MLP (``grad``) and a Hessian-vector product
+(``hvp``: d/dp <grad loss(p), v>, reverse over reverse; forward over reverse where that fails):
+compile time, run time (best of the repeats after a warm-up), XLA temp memory
+(``memory_analysis().temp_size_in_bytes``) and relative error against DirectAdjoint (max abs
+difference / max abs reference). A failing combination is reported with the first line of its
+error.
+
+    python benchmarks/diffrax_adjoints.py            # N in {1000, 4000} + adaptive
+    python benchmarks/diffrax_adjoints.py --quick    # N = 200 + adaptive (short interval)
+    python benchmarks/diffrax_adjoints.py --markdown # a Markdown table
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("JAX_ENABLE_X64", "1")
+
+import diffrax  # noqa: E402
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import jax.random as jr  # noqa: E402
+import numpy as np  # noqa: E402
+
+from retrograde.diffrax import CheckpointAdjoint  # noqa: E402
+
+BATCH, DIM, WIDTH, DEPTH = 64, 2, 64, 2
+T1 = 1.0
+
+
+def make_problem():
+    model = eqx.nn.MLP(DIM, DIM, WIDTH, DEPTH, activation=jnp.tanh, key=jr.PRNGKey(0))
+    # Scale the last layer down so that long solves stay tame.
+    model = eqx.tree_at(lambda m: m.layers[-1].weight, model, 0.5 * model.layers[-1].weight)
+    y0 = jr.normal(jr.PRNGKey(1), (BATCH, DIM))
+    return model, y0
+
+
+def make_loss(static, y0, adjoint, run):
+    kind, n = run
+    if kind == "const":
+        kw = dict(stepsize_controller=diffrax.ConstantStepSize(), dt0=T1 / n, max_steps=n,
+                  saveat=diffrax.SaveAt(t1=True))
+    else:
+        kw = dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-6), dt0=0.01,
+                  max_steps=4096, saveat=diffrax.SaveAt(ts=jnp.linspace(0.0, n, 100)))
+    t1 = T1 if kind == "const" else n
+
+    def loss(params):
+        model = eqx.combine(params, static)
+
+        def vf(t, y, net):  # the network goes in as args (BacksolveAdjoint needs that)
+            return jax.vmap(net)(y) - 0.1 * y
+
+        sol = diffrax.diffeqsolve(diffrax.ODETerm(vf), diffrax.Tsit5(), 0.0, t1, y0=y0,
+                                  args=model, adjoint=adjoint, **kw)
+        return jnp.mean(sol.ys**2)
+
+    return loss
+
+
+ADJOINTS = {
+    "CheckpointAdjoint": CheckpointAdjoint,
+    "RecursiveCheckpoint": diffrax.RecursiveCheckpointAdjoint,
+    "DirectAdjoint": diffrax.DirectAdjoint,
+    "BacksolveAdjoint": diffrax.BacksolveAdjoint,
+}
+
+
+def derivative(loss, order, v):
+    if order == "grad":
+        return jax.grad(loss)
+
+    def rev_rev(p):
+        return jax.grad(lambda q: sum(jnp.vdot(a, b) for a, b in zip(
+            jax.tree_util.tree_leaves(jax.grad(loss)(q)), jax.tree_util.tree_leaves(v))))(p)
+
+    return rev_rev
+
+
+def flat(tree):
+    return np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(tree)])
+
+
+def measure(fn, params, repeats):
+    t = time.perf_counter()
+    compiled = jax.jit(fn).lower(params).compile()
+    compile_s = time.perf_counter() - t
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    out = jax.block_until_ready(compiled(params))
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(compiled(params))
+        best = min(best, time.perf_counter() - t)
+    return out, compile_s, best, temp
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="N = 200 and a short adaptive run")
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--adjoints", default=",".join(ADJOINTS))
+    ap.add_argument("--orders", default="grad,hvp")
+    args = ap.parse_args()
+    runs = [("const", 200), ("adaptive", 2.0)] if args.quick else [
+        ("const", 1000), ("const", 4000), ("adaptive", 5.0)]
+    repeats = args.repeats or (1 if args.quick else 3)
+    model, y0 = make_problem()
+    params, static = eqx.partition(model, eqx.is_array)
+    v = jax.tree_util.tree_map(lambda x: jnp.cos(jnp.arange(x.size, dtype=x.dtype)).reshape(x.shape), params)
+    rows = []
+    for run in runs:
+        label = f"const N={run[1]}" if run[0] == "const" else f"adaptive T={run[1]}"
+        for order in args.orders.split(","):
+            ref = None
+            names = args.adjoints.split(",")
+            # the reference first
+            names = sorted(names, key=lambda n: n != "DirectAdjoint")
+            results = {}
+            for name in names:
+                loss = make_loss(static, y0, ADJOINTS[name](), run)
+                try:
+                    out, c_s, r_s, temp = measure(derivative(loss, order, v), params, repeats)
+                except Exception as e:  # noqa: BLE001 - reported in the table
+                    msg = str(e).strip().splitlines()[0][:70] if str(e).strip() else type(e).__name__
+                    results[name] = (None, None, None, None, f"fails: {type(e).__name__}: {msg}")
+                    continue
+                if name == "DirectAdjoint":
+                    ref = flat(out)
+                results[name] = (flat(out), c_s, r_s, temp, "")
+            for name in args.adjoints.split(","):
+                out, c_s, r_s, temp, note = results[name]
+                err = None
+                if out is not None and ref is not None:
+                    err = float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
+                rows.append((label, order, name, c_s, r_s, temp, err, note))
+                print_row(rows[-1], markdown=False, flush=not args.markdown)
+    if args.markdown:
+        print()
+        print("| run | derivative | adjoint | compile s | run s | temp MiB | rel. error vs Direct | note |")
+        print("|---|---|---|---:|---:|---:|---:|---|")
+        for row in rows:
+            print_row(row, markdown=True)
+
+
+def fmt(x, f):
+    return "-" if x is None else f.format(x)
+
+
+def print_row(row, markdown, flush=True):
+    label, order, name, c_s, r_s, temp, err, note = row
+    cells = [label, order, name, fmt(c_s, "{:.1f}"), fmt(r_s, "{:.3f}"),
+             fmt(None if temp is None else temp / 2**20, "{:.2f}"), fmt(err, "{:.1e}"), note]
+    if markdown:
+        print("| " + " | ".join(cells) + " |")
+    else:
+        print("{:<16} {:<5} {:<20} compile {:>6}s run {:>7}s temp {:>8} MiB err {:>8} {}".format(*cells),
+              flush=flush)
+
+
+if __name__ == "__main__":
+    main()
