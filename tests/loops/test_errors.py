@@ -96,13 +96,10 @@ def test_carry_changes_dtype():
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a weakly typed float result (int carry * 1.5) is cast back to the int carry dtype, "
-    "silently truncating each step; jax.lax.scan raises TypeError",
-)
 def test_int_carry_weak_float_update():
-    with pytest.raises(TypeError, match="dtype"):
+    """An int carry times a Python float is a float: an error (as in jax.lax.scan), not a
+    silent truncation back to int."""
+    with pytest.raises(TypeError, match="dtype from int32 to float64"):
         retrograde.scan(lambda c, x: (c * 1.5, None), jnp.ones(2, jnp.int32), length=3)
 
 
