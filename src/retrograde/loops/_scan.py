@@ -25,7 +25,12 @@ __all__ = ["scan", "fori_loop", "default_schedule"]
 
 def default_schedule(length: int) -> Revolve:
     """The default: ``Revolve(s)`` with the fewest slots such that no step is run plainly more
-    than twice (``beta(s, 2) = (s + 1)(s + 2) / 2 >= N``), i.e. about ``sqrt(2N)`` snapshots."""
+    than twice (``beta(s, 2) = (s + 1)(s + 2) / 2 >= N``), i.e. about ``sqrt(2N)`` snapshots.
+
+    Example:
+        >>> default_schedule(10_000)
+        Revolve(snapshots=140)
+    """
     s = 1
     while beta(s, 2) < length:
         s += 1
@@ -161,6 +166,14 @@ def fori_loop(
         lower, upper: Python ints (the number of steps must be known when tracing).
         body_fun: ``(i, val) -> val``, ``i`` an int32 scalar.
         init_val: a pytree of arrays.
+
+    Returns the final ``val``. Cost as :func:`scan` with ``N = upper - lower``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, retrograde
+        >>> f = lambda a: retrograde.fori_loop(0, 100, lambda i, u: u * (1 + a / 100), 1.0)
+        >>> float(jax.grad(f)(1.0)) > 0
+        True
     """
     try:
         lower, upper = operator.index(lower), operator.index(upper)

@@ -31,14 +31,25 @@ __all__ = ["Advance", "Store", "Restore", "Free", "Record", "End", "Action"]
 
 
 class Advance(NamedTuple):
-    """Plain evaluation of steps ``start .. stop-1`` (state ``u_start`` -> ``u_stop``)."""
+    """Plain evaluation of steps ``start .. stop-1`` (state ``u_start`` -> ``u_stop``).
+
+    Costs ``stop - start`` plain evaluations.
+
+    Example:
+        >>> from retrograde.schedules import Revolve
+        >>> list(Revolve(2).actions(3))[:2]
+        [Store(step=0, slot=0, level=0), Advance(start=0, stop=1)]
+    """
 
     start: int
     stop: int
 
 
 class Store(NamedTuple):
-    """Copy the current state ``u_step`` into the empty ``slot`` of storage ``level``."""
+    """Copy the current state ``u_step`` into the empty ``slot`` of storage ``level``.
+
+    Costs one write on that level. Example: ``Store(step=0, slot=0, level=0)`` keeps ``u_0``.
+    """
 
     step: int
     slot: int
@@ -46,7 +57,10 @@ class Store(NamedTuple):
 
 
 class Restore(NamedTuple):
-    """Make the snapshot ``u_step`` held in ``slot`` of ``level`` the current state."""
+    """Make the snapshot ``u_step`` held in ``slot`` of ``level`` the current state.
+
+    Costs one read; the snapshot stays. Example: ``Restore(step=0, slot=0)`` brings back ``u_0``.
+    """
 
     step: int
     slot: int
@@ -54,7 +68,10 @@ class Restore(NamedTuple):
 
 
 class Free(NamedTuple):
-    """Release ``slot`` of ``level``, which holds ``u_step``."""
+    """Release ``slot`` of ``level``, which holds ``u_step``.
+
+    Example: ``Free(step=0, slot=0)`` after the last use of ``u_0``.
+    """
 
     step: int
     slot: int
@@ -62,13 +79,22 @@ class Free(NamedTuple):
 
 
 class Record(NamedTuple):
-    """Recorded evaluation (step plus adjoint) of step ``step``; needs ``u_step`` at hand."""
+    """Recorded evaluation (step plus adjoint) of step ``step``; needs ``u_step`` at hand.
+
+    Steps are recorded in the order ``N-1, ..., 0``. Example: ``Record(step=2)``.
+    """
 
     step: int
 
 
 class End(NamedTuple):
-    """End of the schedule: every step was recorded; remaining slots are released."""
+    """End of the schedule: every step was recorded; remaining slots are released.
+
+    Example:
+        >>> from retrograde.schedules import End, Revolve
+        >>> list(Revolve(3).actions(0))
+        [End()]
+    """
 
 
 Action = Union[Advance, Store, Restore, Free, Record, End]

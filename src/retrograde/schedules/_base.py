@@ -22,6 +22,10 @@ class Level:
         write_cost: cost of one ``Store`` on this level, in units of one step evaluation.
         read_cost: cost of one ``Restore`` on this level, in units of one step evaluation.
         name: a label ("device", "host", "disk") used in tables and pictures.
+
+    Example:
+        >>> from retrograde.schedules import Level
+        >>> disk = Level(None, write_cost=2.0, read_cost=2.0, name="disk")  # unlimited
     """
 
     slots: int | None

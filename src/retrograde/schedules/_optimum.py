@@ -11,12 +11,22 @@ __all__ = ["beta", "repetition_number", "revolve_optimum"]
 
 def beta(snapshots: int, repetitions: int) -> int:
     """``beta(s, r) = C(s + r, s)``: the most steps ``s`` slots reverse with no step run plainly
-    more than ``r`` times."""
+    more than ``r`` times.
+
+    Example:
+        >>> beta(10, 3)
+        286
+    """
     return comb(snapshots + repetitions, snapshots)
 
 
 def repetition_number(n_steps: int, snapshots: int) -> int:
-    """The ``r`` with ``beta(s, r - 1) < n_steps <= beta(s, r)`` (``0`` for ``n_steps <= 1``)."""
+    """The ``r`` with ``beta(s, r - 1) < n_steps <= beta(s, r)`` (``0`` for ``n_steps <= 1``).
+
+    Costs ``O(r)``. Example:
+        >>> repetition_number(1000, 10)
+        4
+    """
     r, b = 0, 1
     while b < n_steps:
         r += 1

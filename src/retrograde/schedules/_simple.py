@@ -17,6 +17,11 @@ class StoreAll(OfflineSchedule):
     """Store every state during the forward sweep: ``N - 1`` plain evaluations, ``N - 1`` slots.
 
     The fastest schedule and the most memory-hungry; what ``jax.lax.scan`` does by default.
+
+    Example:
+        >>> from retrograde.schedules import StoreAll, simulate
+        >>> simulate(StoreAll(), 100).plain
+        99
     """
 
     def actions(self, n_steps: int) -> Iterator[Action]:
@@ -35,7 +40,13 @@ class StoreAll(OfflineSchedule):
 
 @dataclasses.dataclass(frozen=True)
 class RecomputeAll(OfflineSchedule):
-    """Keep only the initial state: one slot, ``N(N-1)/2`` plain evaluations."""
+    """Keep only the initial state: one slot, ``N(N-1)/2`` plain evaluations.
+
+    Example:
+        >>> from retrograde.schedules import RecomputeAll, simulate
+        >>> simulate(RecomputeAll(), 100).plain
+        4950
+    """
 
     @property
     def levels(self) -> tuple[Level, ...]:
@@ -52,6 +63,11 @@ class Periodic(OfflineSchedule):
 
     Slots: ``ceil(N / every) + every - 1`` at most. Plain evaluations: about ``2N``.
     With ``every ~ sqrt(N)`` this is the classic "sqrt(N) memory" scheme.
+
+    Example:
+        >>> from retrograde.schedules import Periodic, simulate
+        >>> s = simulate(Periodic(10), 100); (s.plain, s.peak_slots)
+        (180, (18,))
     """
 
     every: int

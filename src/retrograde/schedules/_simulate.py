@@ -13,7 +13,16 @@ __all__ = ["Stats", "ScheduleError", "simulate", "execute"]
 
 class ScheduleError(RuntimeError):
     """A schedule asked for something impossible (restore of an empty slot, a recorded step
-    without its state at hand, too many slots, ...)."""
+    without its state at hand, too many slots, ...).
+
+    Example:
+        >>> from retrograde.schedules import Level, Record, ScheduleError, execute
+        >>> try:
+        ...     execute([Record(0)], 2, (Level(None),))
+        ... except ScheduleError as e:
+        ...     print(e)
+        Record(step=0): the next step to record is 1.
+    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +38,11 @@ class Stats:
         levels: the storage levels (for the cost model).
         cost: ``plain * forward_cost + recorded * adjoint_cost + sum(writes * write_cost +
             reads * read_cost)`` with unit forward and adjoint costs.
+
+    Example:
+        >>> from retrograde.schedules import Revolve, simulate
+        >>> st = simulate(Revolve(10), 1000); (st.evaluations, st.cost)
+        (4636, 4636.0)
     """
 
     n_steps: int
@@ -149,7 +163,14 @@ class _Machine:
 
 
 def execute(actions: Iterable, n_steps: int, levels: tuple[Level, ...]) -> Stats:
-    """Run an explicit action stream on the symbolic machine (``u_0`` at hand at the start)."""
+    """Run an explicit action stream on the symbolic machine (``u_0`` at hand at the start).
+
+    Example:
+        >>> from retrograde.schedules import Advance, End, Level, Record, Restore, Store, execute
+        >>> acts = [Store(0, 0), Advance(0, 1), Record(1), Restore(0, 0), Record(0), End()]
+        >>> execute(acts, 2, (Level(1),)).plain
+        1
+    """
     m = _Machine(check_steps(n_steps), tuple(levels))
     for action in actions:
         m.run(action)
