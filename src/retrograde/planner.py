@@ -56,6 +56,11 @@ class Row:
         memory_slots, disk_slots: peak slots used in memory and on disk.
         memory_bytes, disk_bytes: the same in bytes, or ``None`` when no state size was given.
         recommended: ``True`` for the cheapest row (the first one).
+
+    Example:
+        >>> from retrograde.planner import plan
+        >>> plan(1000, snapshots=10)[0].schedule
+        Revolve(snapshots=10)
     """
 
     name: str
@@ -104,6 +109,11 @@ def parse_size(text: str | int | float, name: str = "size") -> int:
 
     >>> parse_size("2GiB"), parse_size("500MB"), parse_size("1e9")
     (2147483648, 500000000, 1000000000)
+
+    Example:
+        >>> from retrograde.planner import format_size
+        >>> format_size(10 * 2**20)
+        '10 MiB'
     """
     if isinstance(text, bool):
         raise TypeError(f"{name} must be a size such as '2GiB' or a number of bytes, got {text!r}.")
@@ -340,6 +350,12 @@ def plan(
     Example:
         >>> [r.name for r in plan(1000, snapshots=10)][:1]
         ['Revolve(10)']
+
+    Example:
+        >>> from retrograde.planner import plan_with_notes
+        >>> rows, notes = plan_with_notes(1000, snapshots=10)
+        >>> rows[0].recommended
+        True
     """
     return plan_with_notes(
         n_steps, snapshots, memory, state_size, disk,
@@ -484,7 +500,11 @@ def format_table(rows: Sequence[Row], *, disk: bool | None = None) -> str:
 
 def plot_schedule(schedule: Schedule, n_steps: int, path, **kwargs):
     """Draw ``schedule`` for ``n_steps`` steps as a step-versus-time picture; see
-    :func:`retrograde.plot.plot_schedule`."""
+    :func:`retrograde.plot.plot_schedule`.
+
+    Example: ``plot_schedule(Revolve(5), 60, "schedule.png")`` writes the picture (plain sweeps
+    grey, recorded steps red, stores and restores coloured by level).
+    """
     from .plot import plot_schedule as _plot
 
     return _plot(schedule, n_steps, path, **kwargs)

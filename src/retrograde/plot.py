@@ -39,6 +39,8 @@ def schedule_stream(schedule: Schedule, n_steps: int) -> Iterator:
 
     For an online schedule this plays its protocol: ``on_step(n)`` then ``Advance(n, n + 1)`` for
     every step, then ``reverse(n_steps)``.
+
+    Example: ``list(schedule_stream(Revolve(3), 10))`` equals ``list(Revolve(3).actions(10))``.
     """
     if isinstance(schedule, OnlineSchedule):
         run = schedule.start()

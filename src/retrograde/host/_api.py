@@ -143,7 +143,11 @@ def value_and_grad(
 class HessianProduct(NamedTuple):
     """Result of :func:`hvp`: ``value`` ``J``, ``grad`` (:class:`Grads`) and ``hvp``
     (:class:`Grads`, the Hessian of ``J`` with respect to ``(params, state0)`` applied to the
-    direction)."""
+    direction).
+
+    Example: ``hp = rh.hvp(step, loss, u0, p, 100, p_dot, schedule=Revolve(8))``;
+    ``hp.value``, ``hp.grad`` and ``hp.hvp`` (the latter two shaped like the inputs).
+    """
 
     value: float
     grad: Grads
@@ -263,7 +267,11 @@ def _check_same(a, b, name_b, name_a):
 
 class Tangents(NamedTuple):
     """Result of :func:`jvp`: final state and its tangent; loss value and its tangent (``None``
-    without a loss)."""
+    without a loss).
+
+    Example: ``t = rh.jvp(step, u0, p, 100, u0_dot, p_dot)``; the final state and its
+    directional derivative, shaped like the state.
+    """
 
     state: Any
     state_dot: Any

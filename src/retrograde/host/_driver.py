@@ -44,7 +44,11 @@ tree_map = jax.tree_util.tree_map
 
 class Grads(NamedTuple):
     """Cotangents of the inputs: ``params`` (structure of ``params``) and ``state0`` (of the
-    initial state)."""
+    initial state).
+
+    Example: ``J, g = rh.value_and_grad(...)``; ``g.params`` has the structure of
+    ``params`` and ``g.state0`` that of the initial state.
+    """
 
     params: Any
     state0: Any
@@ -57,6 +61,9 @@ class Counts:
     ``plain``: step evaluations without adjoint (the first sweep, recomputations and the final
     step that produces ``u_N``); ``recorded``: adjoint evaluations; ``writes``/``reads``:
     snapshot stores/restores per storage level; ``shared_leaves``: leaves stored by reference.
+
+    Example: ``fp.counts.plain`` after ``fp = rh.forward(...)`` is the number of plain step
+    evaluations so far.
     """
 
     plain: int = 0
@@ -131,6 +138,12 @@ class ForwardPass:
 
     Use it as a context manager (or call :meth:`close`) so that its snapshots, and any snapshot
     directory on disk, are released; it is also released when garbage collected.
+
+    Example::
+
+        with rh.forward(step, u0, params, 1000, schedule=Revolve(10), loss=loss) as fp:
+            g1 = fp.vjp()                         # gradient of the loss
+            g2 = fp.vjp(state_bar=w)              # another functional, no new forward sweep
     """
 
     def __init__(

@@ -34,7 +34,11 @@ __all__ = ["Memory", "Disk", "SnapshotError", "Storage"]
 
 
 class SnapshotError(RuntimeError):
-    """A snapshot is missing, was freed, or failed its checksum. Names the step concerned."""
+    """A snapshot is missing, was freed, or failed its checksum. Names the step concerned.
+
+    Example: a snapshot file changed on disk between its write and its read raises
+    ``SnapshotError("snapshot of step 37 on disk failed its checksum: ...")``.
+    """
 
 
 def _to_host(x) -> np.ndarray:
@@ -320,7 +324,11 @@ class _DiskStore(_LiveStore):
 
 
 class Storage:
-    """Base class of storage specifications (:class:`Memory`, :class:`Disk`)."""
+    """Base class of storage specifications (:class:`Memory`, :class:`Disk`).
+
+    Example: ``storage={"memory": rh.Memory(), "disk": rh.Disk("/scratch/run1")}`` maps
+    the levels of a ``MultiLevel`` schedule to stores; ``storage=rh.Disk()`` puts every level on disk.
+    """
 
     def open(self, label: str) -> _LiveStore:  # pragma: no cover - abstract
         raise NotImplementedError
