@@ -25,6 +25,20 @@ def _real_while_loop():
     return while_loop
 
 
+def default_schedule(max_steps: int):
+    """``Online(s)`` with the fewest slots ``s`` such that ``(s + 1)(s + 2) / 2 >= max_steps``
+    (no step is run plainly more than twice when the solve takes ``max_steps`` steps): the rule
+    ``RecursiveCheckpointAdjoint`` uses for its default number of checkpoints, so the two use the
+    same memory and recomputation by default (about ``sqrt(2 max_steps)`` snapshots: 90 for
+    4096)."""
+    from ..schedules import Online, beta
+
+    s = 1
+    while beta(s, 2) < max_steps:
+        s += 1
+    return Online(s)
+
+
 def _accepts_buffers(loop) -> bool:
     try:
         params = inspect.signature(loop).parameters
@@ -56,6 +70,8 @@ def outer_while_loop(
     Non-array leaves (Python constants such as a static ``made_jump=False``) stay static.
     """
     loop = _resolve_while_loop(while_loop)
+    if schedule is None:
+        schedule = default_schedule(max_steps)
     leaves, treedef = jtu.tree_flatten(init_val)
     buf_ids = set()
     if buffers is not None:
@@ -128,9 +144,12 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
     derivatives (as every discretise-then-optimise adjoint does).
 
     Args:
-        schedule: the ``retrograde.while_loop`` schedule (default: its default,
-            ``Online(s)`` with a small ``s``). ``Online(s)`` keeps ``s`` snapshots of the solver
-            state placed as steps arrive.
+        schedule: the ``retrograde.while_loop`` schedule. ``Online(s)`` keeps ``s`` snapshots
+            of the solver state (save buffers are stored once, not in snapshots), placed as steps
+            arrive. Default: :func:`default_schedule` -- ``Online(s)`` with
+            ``(s + 1)(s + 2) / 2 >= max_steps``, the memory and recomputation of
+            ``RecursiveCheckpointAdjoint``'s default. Pass e.g. ``Online(16)`` for less memory
+            (more recomputation).
 
     Requires ``diffeqsolve(..., max_steps=int)`` (the default 4096 is fine: memory does not
     depend on it). Runge-Kutta stage loops run as bounded ``lax.scan`` loops (``scan_kind=
