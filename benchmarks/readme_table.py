@@ -36,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
+README = ROOT / "README.md"
 START, END = "<!-- table:start -->", "<!-- table:end -->"
 
 # name -> (script, arguments, timeout in seconds, title)
@@ -238,9 +239,20 @@ def write_doc(block: str) -> None:
                 f"{START}\n{END}\n")
     if START not in text or END not in text:
         text = text.rstrip() + f"\n\n{START}\n{END}\n"
+    DOC.write_text(_between_markers(text, block))
+    # The README carries the summary (everything before the per-benchmark sections).
+    summary = block.split("\n### ", 2)
+    summary = summary[0] + ("\n### " + summary[1] if len(summary) > 1 else "")
+    readme = README.read_text()
+    if START in readme and END in readme:
+        README.write_text(_between_markers(readme, summary.rstrip() + "\n"))
+
+
+def _between_markers(text: str, block: str) -> str:
+    """``text`` with the part between START and END replaced by ``block``."""
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    DOC.write_text(f"{head}{START}\n{block}{END}{tail}")
+    return f"{head}{START}\n{block}{END}{tail}"
 
 
 def main(argv=None) -> int:
