@@ -115,9 +115,14 @@ def main():
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--adjoints", default=",".join(ADJOINTS))
     ap.add_argument("--orders", default="grad,hvp")
+    ap.add_argument("--runs", default=None,
+                    help="e.g. const:1000,adaptive:5 (constant N steps / adaptive on [0, T])")
     args = ap.parse_args()
     runs = [("const", 200), ("adaptive", 2.0)] if args.quick else [
         ("const", 1000), ("const", 4000), ("adaptive", 5.0)]
+    if args.runs:
+        runs = [(k, int(v) if k == "const" else float(v))
+                for k, v in (r.split(":") for r in args.runs.split(","))]
     repeats = args.repeats or (1 if args.quick else 3)
     model, y0 = make_problem()
     params, static = eqx.partition(model, eqx.is_array)

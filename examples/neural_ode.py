@@ -22,7 +22,7 @@ import numpy as np
 
 from retrograde.diffrax import CheckpointAdjoint
 
-N_STEPS = 2000  # constant steps; memory of CheckpointAdjoint does not depend on it
+N_STEPS = 1000  # constant steps; memory of CheckpointAdjoint does not depend on it
 
 # A small network as the vector field, on a batch of 16 two-dimensional states.
 model = eqx.nn.MLP(2, 2, 16, 1, activation=jnp.tanh, key=jr.PRNGKey(0))
