@@ -18,25 +18,14 @@ import jax.tree_util as jtu
 import numpy as np
 
 import retrograde.diffrax as rdx
-from retrograde.diffrax._fallback import scan_while_loop
 
 T1 = 3.0
 N_SAVE = 100
 DIM = 2
 
 
-def real_loop_available() -> bool:
-    try:
-        from retrograde.loops import while_loop  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def checkpoint_adjoint(kind: str = "real", schedule=None):
-    """``CheckpointAdjoint`` on the real ``retrograde.while_loop`` or on the scan stand-in."""
-    if kind == "standin":
-        return rdx.CheckpointAdjoint(schedule=schedule, while_loop=scan_while_loop)
+def checkpoint_adjoint(schedule=None):
+    """The adjoint under test."""
     return rdx.CheckpointAdjoint(schedule=schedule)
 
 

@@ -14,11 +14,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from _diffrax_problems import assert_close, checkpoint_adjoint, inputs, loss, real_loop_available, solve
+from _diffrax_problems import assert_close, checkpoint_adjoint, inputs, loss, solve
 
 DIRECT = diffrax.DirectAdjoint()
-KINDS = ["real"] if real_loop_available() else ["standin"]
-SLOW_KINDS = [pytest.param("standin", marks=pytest.mark.slow)] if real_loop_available() else []
 
 
 @eqx.filter_jit
@@ -60,53 +58,47 @@ def vmap_grad(model, y0s, a, c, adjoint, kw):
     return jax.vmap(lambda y: jax.grad(lambda y: loss(model, y, a, c, adjoint, **kw))(y))(y0s)
 
 
-def _check(fn, kind, kw=None, tol=1e-10, args=None):
+def _check(fn, kw=None, tol=1e-10, args=None):
     args = inputs() if args is None else args
     kw = {} if kw is None else kw
     ref = fn(*args, DIRECT, kw)
-    out = fn(*args, checkpoint_adjoint(kind), kw)
+    out = fn(*args, checkpoint_adjoint(), kw)
     return assert_close(out, ref, tol)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", KINDS + SLOW_KINDS)
-def test_solution_and_stats(kind):
+def test_solution_and_stats():
     model, y0, a, c = inputs()
     ref = solve(model, y0, a, c, DIRECT)
-    sol = solve(model, y0, a, c, checkpoint_adjoint(kind))
+    sol = solve(model, y0, a, c, checkpoint_adjoint())
     assert_close(sol.ys, ref.ys, 1e-13)
     assert int(sol.stats["num_steps"]) == int(ref.stats["num_steps"])
     assert int(sol.stats["num_steps"]) >= 5  # adaptive steps, more than one save per step
     assert sol.result == diffrax.RESULTS.successful
 
 
-@pytest.mark.parametrize("kind", KINDS + SLOW_KINDS)
-def test_grad_model_y0_args_closure(kind):
-    _check(grad_all, kind)
+def test_grad_model_y0_args_closure():
+    _check(grad_all)
 
 
-@pytest.mark.parametrize("kind", KINDS + SLOW_KINDS)
-def test_jvp(kind):
-    _check(jvp_all, kind)
+def test_jvp():
+    _check(jvp_all)
 
 
-@pytest.mark.parametrize("kind", KINDS + SLOW_KINDS)
-def test_grad_of_grad(kind):
-    _check(grad_of_grad, kind)
+def test_grad_of_grad():
+    _check(grad_of_grad)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", KINDS + SLOW_KINDS)
-def test_hessian(kind):
-    _check(hessian_y0_a, kind)
+def test_hessian():
+    _check(hessian_y0_a)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", KINDS + SLOW_KINDS)
-def test_vmap_batched_predicate(kind):
+def test_vmap_batched_predicate():
     model, y0, a, c = inputs()
     y0s = jnp.stack([y0, 2.0 * y0, -y0])
-    _check(vmap_grad, kind, args=(model, y0s, a, c))
+    _check(vmap_grad, args=(model, y0s, a, c))
 
 
 SOLVER_CASES = {
@@ -123,11 +115,11 @@ SOLVER_CASES = {
 @pytest.mark.parametrize("case", sorted(SOLVER_CASES))
 def test_cases_grad_and_grad_of_grad(case):
     kw = SOLVER_CASES[case]
-    _check(grad_all, KINDS[0], kw)
-    _check(grad_of_grad, KINDS[0], kw)
+    _check(grad_all, kw)
+    _check(grad_of_grad, kw)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(SOLVER_CASES))
 def test_cases_jvp(case):
-    _check(jvp_all, KINDS[0], SOLVER_CASES[case])
+    _check(jvp_all, SOLVER_CASES[case])

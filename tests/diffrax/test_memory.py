@@ -13,21 +13,20 @@ import diffrax
 import pytest
 from retrograde.schedules import Online
 
-from _diffrax_problems import checkpoint_adjoint, real_loop_available, second_order_temp_bytes
+from _diffrax_problems import checkpoint_adjoint, second_order_temp_bytes
 
-KIND = "real" if real_loop_available() else "standin"
 MiB = 2**20
 
 
 def test_second_order_temp_memory_4000_steps():
-    temp = second_order_temp_bytes(checkpoint_adjoint(KIND, schedule=Online(16)), 4000)
+    temp = second_order_temp_bytes(checkpoint_adjoint(schedule=Online(16)), 4000)
     assert temp <= 2 * MiB, f"{temp / MiB:.2f} MiB"
 
 
 @pytest.mark.slow
 def test_second_order_temp_memory_does_not_grow_with_steps():
-    small = second_order_temp_bytes(checkpoint_adjoint(KIND, schedule=Online(16)), 1000)
-    large = second_order_temp_bytes(checkpoint_adjoint(KIND, schedule=Online(16)), 4000)
+    small = second_order_temp_bytes(checkpoint_adjoint(schedule=Online(16)), 1000)
+    large = second_order_temp_bytes(checkpoint_adjoint(schedule=Online(16)), 4000)
     assert large <= 1.05 * small + 4096, (small, large)
     ref = second_order_temp_bytes(diffrax.DirectAdjoint(), 4000)
     assert ref > 10 * large, (ref, large)

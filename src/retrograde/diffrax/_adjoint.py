@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools as ft
-import inspect
 from typing import Any
 
 import diffrax
@@ -12,17 +11,10 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
-from ._buffers import bounded_while_loop, is_write_only, unwrap, wrap
+from ..loops import while_loop
+from ._buffers import bounded_while_loop, unwrap, wrap
 
 __all__ = ["CheckpointAdjoint"]
-
-
-def _real_while_loop():
-    try:
-        from ..loops import while_loop  # the checkpointed, Online-scheduled while loop
-    except ImportError:
-        return None
-    return while_loop
 
 
 def default_schedule(max_steps: int):
@@ -39,29 +31,10 @@ def default_schedule(max_steps: int):
     return Online(s)
 
 
-def _accepts_buffers(loop) -> bool:
-    try:
-        params = inspect.signature(loop).parameters
-    except (TypeError, ValueError):  # pragma: no cover
-        return False
-    return "buffers" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
-def _resolve_while_loop(override):
-    if override is not None:
-        return override
-    loop = _real_while_loop()
-    if loop is None:
-        from ._fallback import scan_while_loop
-
-        return scan_while_loop
-    return loop
-
-
 def outer_while_loop(
-    cond_fun, body_fun, init_val, *, max_steps, buffers=None, schedule=None, while_loop=None, **_
+    cond_fun, body_fun, init_val, *, max_steps, buffers=None, schedule=None, **_
 ):
-    """Run diffrax's step loop with ``retrograde.while_loop`` (or ``while_loop`` if given).
+    """Run diffrax's step loop with ``retrograde.while_loop``.
 
     The loop sees a flat list of plain arrays. Buffer leaves (``buffers(init_val)``: SaveAt
     outputs, dense output) are handed to the step as :class:`WriteOnly` wrappers, so that the
@@ -69,7 +42,7 @@ def outer_while_loop(
     and passed to ``while_loop`` as its ``buffers`` (stored once, not in every snapshot).
     Non-array leaves (Python constants such as a static ``made_jump=False``) stay static.
     """
-    loop = _resolve_while_loop(while_loop)
+    loop = while_loop
     if schedule is None:
         schedule = default_schedule(max_steps)
     leaves, treedef = jtu.tree_flatten(init_val)
@@ -116,10 +89,8 @@ def outer_while_loop(
     buf_pos = [j for j, k in enumerate(dyn_idx) if is_buf[k]]
     flat_buffers = (lambda dvals: [dvals[j] for j in buf_pos]) if buf_pos else None
 
-    kw = {}
-    if flat_buffers is not None and _accepts_buffers(loop):
-        kw["buffers"] = flat_buffers
-    final = loop(flat_cond, flat_body, init_dyn, schedule=schedule, max_steps=max_steps, **kw)
+    final = loop(flat_cond, flat_body, init_dyn, schedule=schedule, max_steps=max_steps,
+                 buffers=flat_buffers)
     return jtu.tree_unflatten(treedef, full(final))
 
 
@@ -168,7 +139,6 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
     """
 
     schedule: Any = eqx.field(static=True, default=None)
-    while_loop: Any = eqx.field(static=True, default=None, repr=False)
 
     def loop(
         self,
@@ -202,9 +172,7 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
             max_steps=max_steps,
             terms=terms,
             inner_while_loop=inner_while_loop,
-            outer_while_loop=ft.partial(
-                outer_while_loop, schedule=self.schedule, while_loop=self.while_loop
-            ),
+            outer_while_loop=ft.partial(outer_while_loop, schedule=self.schedule),
         )
 
 

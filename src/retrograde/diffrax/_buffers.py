@@ -11,7 +11,6 @@ and is dropped, so nothing is read. The loops themselves only ever see plain arr
 
 from __future__ import annotations
 
-from typing import Any
 
 import equinox as eqx
 import equinox.internal as eqxi
