@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jax import tree_util
 
 from ..schedules import Revolve, Schedule, beta
+from ..schedules._base import check_steps
 from ._body import make_body
 from ._carry import leaf_array, match_carry
 from ._plan import check_offline
@@ -93,14 +94,7 @@ def scan(
     xs_flat, xs_tree = tree_util.tree_flatten(xs)
     xs_flat = [leaf_array(x, "retrograde.scan", "xs") for x in xs_flat]
     if length is not None:
-        try:
-            length = operator.index(length)
-        except TypeError:
-            raise TypeError(
-                f"retrograde.scan: length must be a Python int, got {length!r}."
-            ) from None
-        if length < 0:
-            raise ValueError(f"retrograde.scan: length={length} is negative.")
+        length = check_steps(length, "retrograde.scan: length")
     lengths = {x.shape[0] if x.ndim else None for x in xs_flat}
     if None in lengths:
         raise ValueError("retrograde.scan: every leaf of xs needs a leading (time) axis.")

@@ -16,7 +16,6 @@ twice per forward step.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -28,6 +27,7 @@ from jax._src.interpreters import ad, batching, mlir
 from jax.extend.core import Primitive, jaxpr_as_fun
 
 from ..schedules import Online, Schedule
+from ..schedules._base import check_steps
 from ._body import Body, batch_body, make_body, split
 from ._carry import leaf_array, match_carry
 from ._execute import forward_while
@@ -161,14 +161,7 @@ def while_loop(
             "count use retrograde.scan or retrograde.fori_loop with an offline schedule."
         )
     if max_steps is not None:
-        try:
-            max_steps = operator.index(max_steps)
-        except TypeError:
-            raise TypeError(
-                f"retrograde.while_loop: max_steps must be a Python int or None, got {max_steps!r}."
-            ) from None
-        if max_steps < 0:
-            raise ValueError(f"retrograde.while_loop: max_steps={max_steps} is negative.")
+        max_steps = check_steps(max_steps, "retrograde.while_loop: max_steps")
     flat, tree = tree_util.tree_flatten(init_val)
     originals = list(flat)
     flat = [leaf_array(v, "retrograde.while_loop", "init_val") for v in flat]

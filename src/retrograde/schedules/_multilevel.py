@@ -33,7 +33,7 @@ import functools
 import itertools
 import math
 from math import comb
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -514,27 +514,18 @@ def _mem(a: int, n: int, s0: int, vmap: list | None = None) -> Iterator[Action]:
         yield Record(a)
         return
     rel = _mem_relative(n, min(s0, n)) if n <= _SEGMENT_CACHE_STEPS else _mem_stream(n, s0)
-    if vmap is not None:
-        for act in rel:
-            t = type(act)
-            if t is Record:
-                yield Record(act.step + a)
-            elif t is Advance:
-                yield Advance(act.start + a, act.stop + a)
-            else:
-                lvl, slot = vmap[act.slot]
-                yield t(act.step + a, slot, lvl)
-    elif not a:
+    if vmap is None and not a:
         yield from rel
-    else:
-        for act in rel:
-            t = type(act)
-            if t is Record:
-                yield Record(act.step + a)
-            elif t is Advance:
-                yield Advance(act.start + a, act.stop + a)
-            else:
-                yield t(act.step + a, act.slot, 0)
+        return
+    for act in rel:
+        t = type(act)
+        if t is Record:
+            yield Record(act.step + a)
+        elif t is Advance:
+            yield Advance(act.start + a, act.stop + a)
+        else:
+            lvl, slot = vmap[act.slot] if vmap is not None else (0, act.slot)
+            yield t(act.step + a, slot, lvl)
 
 
 _SEGMENT_CACHE_STEPS = 2048
