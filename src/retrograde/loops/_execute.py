@@ -36,18 +36,33 @@ def _zeros(avals, lead=()):
 
 
 def _zeros_after(avals, lead, deps):
-    """Zeros that XLA cannot allocate before ``deps`` exist.
+    """Zeros that XLA cannot allocate before ``deps`` exist (see :func:`_confined`).
 
-    Snapshot slots of a reverse sweep are otherwise materialised when the program starts, and
-    the slots of independent sweeps (as in higher derivatives) then all live at once.
+    The zeros are tied to one element of every dependency: a single one may be a constant (a
+    symbolic zero cotangent made concrete), which XLA folds.
     """
     leaves = [d for d in deps if d.size]
     if not leaves:
         return _zeros(avals, lead)
-    dep = leaves[0].ravel()[0]
-    return [
-        jnp.broadcast_to((dep * 0).astype(a.dtype), lead + tuple(a.shape)) for a in avals
-    ]
+    dep = sum(jnp.real(d.ravel()[0]).astype(jnp.float32) for d in leaves) * 0
+    return [jnp.broadcast_to(dep.astype(a.dtype), lead + tuple(a.shape)) for a in avals]
+
+
+def _confined(seeds, sweep, zero):
+    """Run ``sweep()`` inside a conditional on "some seed is nonzero", else return ``zero()``.
+
+    A reverse sweep that lays its own snapshots allocates its slots inside the conditional's
+    branch, so XLA keeps them alive only while that sweep runs. Without it, the slots of
+    independent sweeps (as in higher derivatives) are all allocated up front and live at once.
+    Skipping a sweep whose cotangent seeds are all zero is exact: the adjoint is linear in them.
+    """
+    live = [jnp.any(s != 0) for s in seeds if s.size]
+    if not live:
+        return zero()
+    pred = live[0]
+    for p in live[1:]:
+        pred = pred | p
+    return lax.cond(pred, sweep, zero)
 
 
 def forward(body: Body, plan: Plan, consts, carry, xs, save: bool):
@@ -165,22 +180,29 @@ def adjoint(body: Body, plan: Plan, consts, carry0, xs, ck, carry_bar, ys_bar, y
     consts_bar, xs_bar = _cotangent_init(body, consts, xs)
     if plan.length == 0:
         return consts_bar, list(carry_bar), xs_bar
-    if ck is None:
-        rows = plan.rows
-        slots = _zeros_after(body.snapshot_avals, (plan.n_slots,), list(carry_bar))
-        cur = list(carry0)
-    else:
-        rows = plan.rows[plan.first_record :]
-        slots, cur = list(ck[0]), list(ck[1])
-    table = jnp.asarray(rows, jnp.int32)
     run = _row_runner(body, consts, xs, ys_bar, ymask)
 
-    def loop(r, state):
-        return run(table[r, 0], table[r, 1], table[r, 2], state)
+    def sweep(rows, slots, cur):
+        table = jnp.asarray(rows, jnp.int32)
 
-    state = (cur, slots, list(carry_bar), consts_bar, xs_bar)
-    _, _, kbar, cbar, xbar = lax.fori_loop(0, table.shape[0], loop, state)
-    return cbar, kbar, xbar
+        def loop(r, state):
+            return run(table[r, 0], table[r, 1], table[r, 2], state)
+
+        state = (cur, slots, list(carry_bar), consts_bar, xs_bar)
+        _, _, kbar, cbar, xbar = lax.fori_loop(0, table.shape[0], loop, state)
+        return cbar, kbar, xbar
+
+    if ck is not None:
+        return sweep(plan.rows[plan.first_record :], list(ck[0]), list(ck[1]))
+
+    def own():
+        slots = _zeros_after(body.snapshot_avals, (plan.n_slots,), [*carry_bar, *carry0])
+        return sweep(plan.rows, slots, list(carry0))
+
+    def zero():
+        return consts_bar, [jnp.zeros_like(k) for k in carry_bar], xs_bar
+
+    return _confined([*carry_bar, *ys_bar], own, zero)
 
 
 # ----------------------------------------------------------------------------- unknown length
@@ -236,7 +258,7 @@ def adjoint_while(body: Body, n_slots: int, n_steps, consts, carry0, ck, carry_b
             slots, held = _place(n, body.snapshot(carry), slots, held, n_slots)
             return body(consts, carry, [])[0], slots, held
 
-        init = (list(carry0), _zeros_after(body.snapshot_avals, (n_slots,), list(carry_bar)),
+        init = (list(carry0), _zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
                 jnp.full((n_slots,), -1, jnp.int32))
         _, slots, held = lax.fori_loop(0, n_steps, replay, init)
     else:

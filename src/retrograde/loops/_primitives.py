@@ -273,7 +273,11 @@ def _fwd_jvp(primals, tangents, *, body, length, schedule, save):
     dc, dk, dx = split(tangents, [body.nc, body.nk, body.nx])
     outs = fwd_p.bind(*primals, body=body, length=length, schedule=schedule, save=True)
     carry, ys, ckv = split(outs, [body.nk, body.ny, sum(body.stored) + body.nk])
-    tk, ty = apply_tangent(body, length, schedule, (c, k, x), ckv, (dc, dk, dx))
+    # When ``save`` is already set, an adjoint of an inner derivative reads these snapshots.
+    # The transpose of this tangent then re-lays its own instead of sharing them: sharing would
+    # keep them alive (and force a copy) beside the inner derivative's augmented sweeps; this
+    # costs one extra forward sweep, at higher order only.
+    tk, ty = apply_tangent(body, length, schedule, (c, k, x), [] if save else ckv, (dc, dk, dx))
     primal_out = [*carry, *ys] + (ckv if save else [])
     tangent_out = [*tk, *ty] + ([_zero(core.typeof(v)) for v in ckv] if save else [])
     return primal_out, tangent_out
