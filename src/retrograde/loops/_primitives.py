@@ -306,8 +306,15 @@ def _adj_jvp(primals, tangents, *, body, length, schedule, has_ck, ymask):
              sum(ymask)]
     pre, c, k, x, _, kbar, ybar = split(primals, sizes)
     _, tc, tk, tx, _, tkbar, tybar = split(tangents, sizes)
-    out = adj_p.bind(*primals, body=body, length=length, schedule=schedule, has_ck=has_ck,
-                     ymask=ymask)
+    if any(_nz(t) for t in [*tc, *tk, *tx, *tkbar, *tybar]):
+        # The primal adjoint re-lays its own snapshots rather than reading the forward's: XLA
+        # may run it after the augmented sweep below, and the forward's snapshots would then
+        # live beside the augmented ones. One extra forward sweep, at second order only.
+        out = adj_p.bind(*pre, *c, *k, *x, *kbar, *ybar, body=body, length=length,
+                         schedule=schedule, has_ck=False, ymask=ymask)
+    else:
+        out = adj_p.bind(*primals, body=body, length=length, schedule=schedule, has_ck=has_ck,
+                         ymask=ymask)
     y_avals = [_timed(a, length) for a in body.y_avals]
     w = (
         _full_from_floats(kbar, body.carry_avals),
