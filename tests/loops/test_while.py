@@ -141,6 +141,23 @@ def test_memory_does_not_grow_with_steps():
     assert temp(jax.grad(make(1000))) <= (8 + 6) * carry
 
 
+def test_higher_order_memory():
+    """Each order's sweeps hold their snapshots one at a time. Measured (carries of 500 float64,
+    Online(8)): first order 13.2, grad of grad 28.8, third order 58.5."""
+    def f(theta):
+        st = retrograde.while_loop(
+            lambda st: st[0] < 1000,
+            lambda st: (st[0] + 1, st[1] + 0.001 * jnp.tanh(theta * st[1])),
+            (0, jnp.ones(500)), schedule=Online(8))
+        return jnp.sum(st[1] ** 2)
+
+    def carries(fn):
+        return jax.jit(fn).lower(0.5).compile().memory_analysis().temp_size_in_bytes / (500 * 8)
+
+    assert carries(jax.grad(jax.grad(f))) <= 2 * (8 + 7)
+    assert carries(jax.grad(jax.grad(jax.grad(f)))) <= 4 * (8 + 7)
+
+
 M = 30
 
 

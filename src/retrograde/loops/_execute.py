@@ -251,8 +251,30 @@ def adjoint_while(body: Body, n_slots: int, n_steps, consts, carry0, ck, carry_b
     left by the in-graph binomial machine. Returns cotangents of float consts and carry leaves.
     """
     consts_bar, _ = _cotangent_init(body, consts, [])
-    if ck is None:
+    run = _row_runner(body, consts, [], [], ())
 
+    def sweep(slots, held):
+        order = jnp.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held)).astype(jnp.int32)
+        starts = held[order]
+        n_seg = jnp.sum(held >= 0).astype(jnp.int32)
+        machine = init_state(n_slots, starts, order, n_seg, n_steps, False)
+
+        def go(state):
+            return state[0]["phase"] != P_DONE
+
+        def one(state):
+            m, rows_state = state
+            m, (op, a, b) = machine_step(m)
+            return m, run(op, a, b, rows_state)
+
+        state = (list(carry0), slots, list(carry_bar), consts_bar, [])
+        _, (_, _, kbar, cbar, _) = lax.while_loop(go, one, (machine, state))
+        return cbar, kbar
+
+    if ck is not None:
+        return sweep(list(ck[0]), ck[1])
+
+    def own():
         def replay(n, state):
             carry, slots, held = state
             slots, held = _place(n, body.snapshot(carry), slots, held, n_slots)
@@ -261,22 +283,9 @@ def adjoint_while(body: Body, n_slots: int, n_steps, consts, carry0, ck, carry_b
         init = (list(carry0), _zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
                 jnp.full((n_slots,), -1, jnp.int32))
         _, slots, held = lax.fori_loop(0, n_steps, replay, init)
-    else:
-        slots, held = list(ck[0]), ck[1]
-    order = jnp.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held)).astype(jnp.int32)
-    starts = held[order]
-    n_seg = jnp.sum(held >= 0).astype(jnp.int32)
-    machine = init_state(n_slots, starts, order, n_seg, n_steps, False)
-    run = _row_runner(body, consts, [], [], ())
+        return sweep(slots, held)
 
-    def go(state):
-        return state[0]["phase"] != P_DONE
+    def zero():
+        return consts_bar, [jnp.zeros_like(k) for k in carry_bar]
 
-    def one(state):
-        m, rows_state = state
-        m, (op, a, b) = machine_step(m)
-        return m, run(op, a, b, rows_state)
-
-    state = (list(carry0), slots, list(carry_bar), consts_bar, [])
-    _, (_, _, kbar, cbar, _) = lax.while_loop(go, one, (machine, state))
-    return cbar, kbar
+    return _confined(list(carry_bar), own, zero)

@@ -69,7 +69,9 @@ def _jvp(primals, tangents, *, body, cond, schedule, max_steps, save):
     outs = wfwd_p.bind(*primals, body=body, cond=cond, schedule=schedule, max_steps=max_steps,
                        save=True)
     carry, (n,), ckv = split(outs, [body.nk, 1, sum(body.stored) + 1])
-    tk, _ = apply_tangent(body, None, schedule, (c, k, []), ckv, (dc, dk, []), pre=[n])
+    # As in ``_primitives._fwd_jvp``: at higher order the transpose re-lays its own snapshots.
+    tk, _ = apply_tangent(body, None, schedule, (c, k, []), [] if save else ckv, (dc, dk, []),
+                          pre=[n])
     primal_out = [*carry, n] + (ckv if save else [])
     tangent_out = [*tk, _zero(core.typeof(n))]
     tangent_out += [_zero(core.typeof(v)) for v in ckv] if save else []
