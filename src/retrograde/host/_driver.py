@@ -372,6 +372,19 @@ class ForwardPass:
         cur = 0
         reached = 0
         bar = _Progress(self._progress, n_steps, "forward")
+
+        def advance(n, state):
+            """One plain step ``u_n -> u_{n+1}``; the first time ``u_{n+1}`` is reached, add the
+            running losses and tick the progress bar."""
+            nonlocal J, reached
+            state = self._plain(n, state)
+            if n + 1 > reached:
+                reached = n + 1
+                for L in running:
+                    J += L.value(n + 1, state, self._params)
+                bar.update()
+            return state
+
         try:
             if online:
                 self._online_run = sched.start()
@@ -391,11 +404,8 @@ class ForwardPass:
                             self._free(self._persistent, a, None)
                         else:
                             raise ScheduleError(f"on_step({n}) returned {a}; only Store/Free.")
-                    state = self._plain(n, state)
+                    state = advance(n, state)
                     n += 1
-                    for L in running:
-                        J += L.value(n, state, self._params)
-                    bar.update()
                 N = n
                 cur = N
                 self._prefix_len = None
@@ -415,12 +425,7 @@ class ForwardPass:
                         if cur != a.start:
                             raise ScheduleError(f"{a}: the state at hand is {cur}.")
                         for n in range(a.start, a.stop):
-                            state = self._plain(n, state)
-                            if n + 1 > reached:
-                                reached = n + 1
-                                for L in running:
-                                    J += L.value(n + 1, state, self._params)
-                                bar.update()
+                            state = advance(n, state)
                         cur = a.stop
                     elif kind is Store:
                         key, snap = self._store(state, cur, a, True)
@@ -441,12 +446,7 @@ class ForwardPass:
             self._hand = self._hand_store.put(cur, leaves, treedef)
             # continue plainly to u_N (the caller wants it; an offline reverse part never needs it)
             for n in range(cur, N):
-                state = self._plain(n, state)
-                if n + 1 > reached:
-                    reached = n + 1
-                    for L in running:
-                        J += L.value(n + 1, state, self._params)
-                    bar.update()
+                state = advance(n, state)
         finally:
             bar.close()
         self.state = _copy_tree(state)  # the step may own (and later reuse) its output arrays
