@@ -79,6 +79,14 @@ class Schedule(abc.ABC):
 
     A schedule is an immutable description; executing it is the business of a machine (the
     simulator, the JAX loops, the host loop driver) that consumes its actions.
+
+    Example:
+        >>> from retrograde.schedules import Level, MultiLevel, Revolve
+        >>> Revolve(4).online, Revolve(4).max_slots(100)
+        (False, (4,))
+        >>> ram, disk = Level(2, name="ram"), Level(None, write_cost=0.5, read_cost=0.5)
+        >>> len(MultiLevel([ram, disk]).levels)
+        2
     """
 
     #: True for schedules that work without knowing the step count in advance.
@@ -97,7 +105,27 @@ class Schedule(abc.ABC):
 
 
 class OfflineSchedule(Schedule):
-    """A schedule that is planned for a step count known before the loop runs."""
+    """A schedule that is planned for a step count known before the loop runs.
+
+    Subclasses implement :meth:`actions`. Example, a schedule that stores every state (like
+    :class:`StoreAll`), checked by the simulator:
+
+        >>> from retrograde.schedules import (Advance, End, Record, Restore, Store,
+        ...                                   simulate)
+        >>> class Everything(OfflineSchedule):
+        ...     def actions(self, n_steps):
+        ...         for n in range(n_steps - 1):
+        ...             yield Store(n, n)
+        ...             yield Advance(n, n + 1)
+        ...         for n in reversed(range(n_steps)):
+        ...             if n < n_steps - 1:
+        ...                 yield Restore(n, n)
+        ...             yield Record(n)
+        ...         yield End()
+        >>> stats = simulate(Everything(), 5)
+        >>> stats.plain, stats.recorded, stats.peak_slots
+        (4, 5, (4,))
+    """
 
     @abc.abstractmethod
     def actions(self, n_steps: int) -> Iterator[Action]:
@@ -114,6 +142,18 @@ class OnlineRun(abc.ABC):
     :meth:`on_step` and execute the ``Store``/``Free`` actions it returns, then advance one step
     (a plain evaluation). When the loop stops with ``u_N`` at hand, call :meth:`reverse` with ``N``
     and execute the actions it streams (which end with ``End``).
+
+    Example:
+        >>> from retrograde.schedules import Online
+        >>> run = Online(2).start()
+        >>> for n in range(4):  # the loop takes 4 steps, then stops
+        ...     print(n, run.on_step(n))
+        0 (Store(step=0, slot=0, level=0),)
+        1 (Store(step=1, slot=1, level=0),)
+        2 ()
+        3 (Free(step=1, slot=1, level=0), Store(step=3, slot=1, level=0))
+        >>> next(iter(run.reverse(4)))
+        Restore(step=3, slot=1, level=0)
     """
 
     @abc.abstractmethod
@@ -126,7 +166,14 @@ class OnlineRun(abc.ABC):
 
 
 class OnlineSchedule(Schedule):
-    """A schedule for loops whose step count is unknown until the forward sweep ends."""
+    """A schedule for loops whose step count is unknown until the forward sweep ends.
+
+    Subclasses implement :meth:`start`, which returns an :class:`OnlineRun`. Example:
+
+        >>> from retrograde.schedules import Online, simulate
+        >>> Online(4).online, simulate(Online(4), 100).recorded
+        (True, 100)
+    """
 
     online = True
 
