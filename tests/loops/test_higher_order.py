@@ -197,3 +197,30 @@ def test_grad_grad_with_ys_cotangent_depending_on_params():
     ref = program(P.lax_scan)(jnp.float64(0.6))
     np.testing.assert_allclose(got, ref, rtol=1e-12)
     assert float(ref) == pytest.approx(28.0)
+
+
+def test_derivatives_of_a_pruned_adjoint():
+    """``jax.jit`` prunes the adjoint's unread outputs (its dead-code rule: here the cotangents
+    of ``u0`` and ``xs``). The pruned adjoint must still differentiate, batch and run."""
+    from jax._src.interpreters import partial_eval as pe
+    from jax.extend import core as jcore
+
+    p, u0, xs, dp, _, _ = _args()
+
+    def program(scan, check_pruned=False):
+        L = functools.partial(P.small_loss, scan)
+        closed = jax.make_jaxpr(lambda p: jax.grad(L)(p, u0, xs))(p)
+        jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+        if check_pruned:
+            keeps = [e.params["keep"] for e in jaxpr.eqns if "keep" in e.params]
+            assert keeps and any(not all(m) for k in keeps for m in k if m), keeps
+        flat = jcore.jaxpr_as_fun(jcore.ClosedJaxpr(jaxpr, closed.consts))
+        g = lambda p: flat(*jax.tree_util.tree_leaves(p))
+        return {
+            "grad": jax.grad(lambda p: sum(jnp.sum(v ** 2) for v in g(p)))(p),
+            "jvp": jax.jvp(g, (p,), (dp,))[1],
+            "vmap": jax.vmap(lambda s: g(jax.tree_util.tree_map(lambda v: s * v, p)))(
+                jnp.array([0.5, 1.0])),
+        }
+
+    _check(program(P.rscan(rs.Revolve(2)), check_pruned=True), program(P.lax_scan))

@@ -98,7 +98,17 @@ def _advance(body: Body, consts, xs, cur, a, b):
     return lax.fori_loop(a, b, lambda i, c: body(consts, c, _slice(xs, i))[0], cur)
 
 
-def _row_runner(body, consts, xs, ys_bar, ymask):
+def _masked(avals, keep):
+    """Which leaves get cotangents: float leaves selected by ``keep`` (a mask over the float
+    leaves; ``None`` selects them all)."""
+    fl = [is_float(a) for a in avals]
+    if keep is None:
+        return fl
+    it = iter(keep)
+    return [f and next(it) for f in fl]
+
+
+def _row_runner(body, consts, xs, ys_bar, ymask, keep=None):
     """The function ``(op, a, b, state) -> state`` that executes one action row.
 
     ``state = (cur, slots, kbar, cbar, xbar)``. Each row runs as: advance (a zero-trip loop unless
@@ -106,9 +116,10 @@ def _row_runner(body, consts, xs, ys_bar, ymask):
     operands untouched when the row is something else (a many-way switch would make XLA keep a
     second copy of the slots). Any other opcode is a no-op.
     """
-    fc = [is_float(a) for a in body.const_avals]
+    cmask, xmask = keep if keep is not None else (None, None)
+    fc = _masked(body.const_avals, cmask)
     fk = [is_float(a) for a in body.carry_avals]
-    fx = [is_float(a) for a in body.x_avals]
+    fx = _masked(body.x_avals, xmask)
     fy = [is_float(a) for a in body.y_avals]
     y_avals_f = [a for a, f in zip(body.y_avals, fy) if f]
     ybar_of = iter(ys_bar)
@@ -162,25 +173,29 @@ def _row_runner(body, consts, xs, ys_bar, ymask):
     return run
 
 
-def _cotangent_init(body, consts, xs):
-    fc = [is_float(a) for a in body.const_avals]
-    fx = [is_float(a) for a in body.x_avals]
+def _cotangent_init(body, consts, xs, keep=None):
+    cmask, xmask = keep if keep is not None else (None, None)
+    fc = _masked(body.const_avals, cmask)
+    fx = _masked(body.x_avals, xmask)
     consts_bar = [jnp.zeros_like(c) for c, f in zip(consts, fc) if f]
     xs_bar = [jnp.zeros_like(x) for x, f in zip(xs, fx) if f]
     return consts_bar, xs_bar
 
 
-def adjoint(body: Body, plan: Plan, consts, carry0, xs, ck, carry_bar, ys_bar, ymask):
+def adjoint(body: Body, plan: Plan, consts, carry0, xs, ck, carry_bar, ys_bar, ymask,
+            keep=None):
     """Execute the schedule's reverse sweep (from ``ck = (slots, cur)``) or its whole stream
     (``ck is None``), and return the cotangents of the float leaves of consts, carry_0 and xs.
 
     ``carry_bar`` holds one cotangent per float carry leaf; ``ys_bar`` one per float ``y`` leaf
-    whose ``ymask`` entry is True (the others are zero and never materialised).
+    whose ``ymask`` entry is True (the others are zero and never materialised). ``keep = (cmask,
+    xmask)`` selects the float consts and xs leaves whose cotangents are wanted (``None``: all);
+    the others are held constant, so their cotangents cost neither time nor memory.
     """
-    consts_bar, xs_bar = _cotangent_init(body, consts, xs)
+    consts_bar, xs_bar = _cotangent_init(body, consts, xs, keep)
     if plan.length == 0:
         return consts_bar, list(carry_bar), xs_bar
-    run = _row_runner(body, consts, xs, ys_bar, ymask)
+    run = _row_runner(body, consts, xs, ys_bar, ymask, keep)
 
     def sweep(rows, slots, cur):
         table = jnp.asarray(rows, jnp.int32)
@@ -243,15 +258,16 @@ def advance_steps(body: Body, consts, carry, n_steps):
     return _advance(body, consts, [], list(carry), 0, n_steps)
 
 
-def adjoint_while(body: Body, n_slots: int, n_steps, consts, carry0, ck, carry_bar):
+def adjoint_while(body: Body, n_slots: int, n_steps, consts, carry0, ck, carry_bar,
+                  keep=None):
     """Reverse ``n_steps`` steps of a body without per-step inputs or outputs.
 
     From ``ck = (slots, held)`` (the forward sweep's snapshots) or, with ``ck is None``, after
     replaying the forward sweep's placement. Segments between held snapshots are reversed right to
     left by the in-graph binomial machine. Returns cotangents of float consts and carry leaves.
     """
-    consts_bar, _ = _cotangent_init(body, consts, [])
-    run = _row_runner(body, consts, [], [], ())
+    consts_bar, _ = _cotangent_init(body, consts, [], keep)
+    run = _row_runner(body, consts, [], [], (), keep)
 
     def sweep(slots, held):
         order = jnp.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held)).astype(jnp.int32)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax._src import core, dispatch
 from jax._src.interpreters import ad, batching, mlir
+from jax._src.interpreters import partial_eval as pe
 from jax.extend.core import Primitive
 
 from ._body import Body, batch_body, is_float, jvp_body, split
@@ -111,10 +112,11 @@ def _tan_abstract(*args, body, length, schedule, has_ck, masks):
     return outs, child.effects
 
 
-def _adj_abstract(*args, body, length, schedule, has_ck, ymask):
-    outs = [a for a in body.const_avals if is_float(a)]
+def _adj_abstract(*args, body, length, schedule, has_ck, ymask, keep):
+    cmask, xmask = keep
+    outs = _pick(cmask, [a for a in body.const_avals if is_float(a)])
     outs += [a for a in body.carry_avals if is_float(a)]
-    outs += [_timed(a, length) for a in body.x_avals if is_float(a)]
+    outs += _pick(xmask, [_timed(a, length) for a in body.x_avals if is_float(a)])
     return outs, body.effects
 
 
@@ -164,7 +166,7 @@ def _tan_impl(*args, body, length, schedule, has_ck, masks):
     return [*carry[body.nk :], *ys[body.ny :]]
 
 
-def _adj_impl(*args, body, length, schedule, has_ck, ymask):
+def _adj_impl(*args, body, length, schedule, has_ck, ymask, keep):
     nkf = sum(_floats(body.carry_avals))
     pre, c, k, x, ckv, kbar, ybar = split(
         args,
@@ -175,10 +177,10 @@ def _adj_impl(*args, body, length, schedule, has_ck, ymask):
     ck = (ckv[:ns], ckv[ns:]) if has_ck else None
     if length is None:
         ck = (ckv[:ns], ckv[ns]) if has_ck else None
-        cbar, kbar0 = adjoint_while(body, schedule.snapshots, pre[0], c, k, ck, kbar)
+        cbar, kbar0 = adjoint_while(body, schedule.snapshots, pre[0], c, k, ck, kbar, keep)
         return [*cbar, *kbar0]
     plan = compile_plan(schedule, length)
-    cbar, kbar0, xbar = adjoint(body, plan, c, k, x, ck, kbar, ybar, ymask)
+    cbar, kbar0, xbar = adjoint(body, plan, c, k, x, ck, kbar, ybar, ymask, keep)
     return [*cbar, *kbar0, *xbar]
 
 
@@ -213,29 +215,40 @@ def apply_tangent(body, length, schedule, z, ckv, dz, pre=()):
     return _expand(mk, tk, body.carry_avals), _expand(my, ty, y_avals)
 
 
-def apply_adjoint(body, length, schedule, z, ckv, kbar, ybar, pre=()):
+def _all_kept(body):
+    """``keep`` selecting every float consts and xs leaf."""
+    return (
+        tuple(True for a in body.const_avals if is_float(a)),
+        tuple(True for a in body.x_avals if is_float(a)),
+    )
+
+
+def apply_adjoint(body, length, schedule, z, ckv, kbar, ybar, pre=(), keep=None):
     """``J(z)^T w`` over the float leaves of ``z``; ``w = (kbar, ybar)`` are full leaf lists over
     the outputs (symbolic zeros allowed; non-float leaves ignored). Returns three lists of
-    cotangents of the float leaves of consts, carry and xs."""
+    cotangents of the float leaves of consts, carry and xs (of the consts and xs leaves selected
+    by ``keep = (cmask, xmask)``, masks over their float leaves; ``None``: all)."""
     c, k, x = z
     fk, fy = _floats(body.carry_avals), _floats(body.y_avals)
     kbar_f = [_inst(t) for t, f in zip(kbar, fk) if f]
     ybar_f = [t for t, f in zip(ybar, fy) if f]
     ymask = tuple(_nz(t) for t in ybar_f)
+    keep = _all_kept(body) if keep is None else keep
     outs = adj_p.bind(
         *pre, *c, *k, *x, *ckv, *kbar_f, *_pick(ymask, ybar_f),
-        body=body, length=length, schedule=schedule, has_ck=bool(ckv), ymask=ymask,
+        body=body, length=length, schedule=schedule, has_ck=bool(ckv), ymask=ymask, keep=keep,
     )
-    nfc, nfk = sum(_floats(body.const_avals)), sum(fk)
+    nfc, nfk = sum(keep[0]), sum(fk)
     return split(outs, [nfc, nfk, len(outs) - nfc - nfk])
 
 
-def adjoint_tangent(body, length, schedule, z, dz, w, dw, pre=()):
+def adjoint_tangent(body, length, schedule, z, dz, w, dw, pre=(), keep=None):
     """Tangent of ``z, w -> J(z)^T w`` along ``(dz, dw)``: ``J^T dw + Hess<w, F> dz``.
 
     ``w = (kbar, ybar)`` and ``dw`` are full leaf lists over the outputs (symbolic zeros
     allowed). Computed as the ``z``-half of the adjoint of ``jvp(body)`` with cotangent
-    ``(dw, w)``. Returns cotangent lists over the float leaves of consts, carry and xs.
+    ``(dw, w)``. Returns cotangent lists over the float leaves of consts, carry and xs (those
+    selected by ``keep``, as in :func:`apply_adjoint`).
     """
     c, k, x = z
     dc, dk, dx = dz
@@ -251,13 +264,13 @@ def adjoint_tangent(body, length, schedule, z, dz, w, dw, pre=()):
     # Cotangent on the child's outputs: (dw on the primal half, w on the tangent half).
     kbar_child = [*dkbar, *_pick(mk, kbar)]
     ybar_child = [*dybar, *_pick(my, ybar)]
+    cmask, xmask = _all_kept(body) if keep is None else keep
+    # Only the primal half of the child's consts and xs cotangents is wanted.
+    child_keep = (cmask + (False,) * sum(mc), xmask + (False,) * sum(mx))
     cc, kk, xx = apply_adjoint(
-        child, length, schedule, (zc, zk, zx), [], kbar_child, ybar_child, pre
+        child, length, schedule, (zc, zk, zx), [], kbar_child, ybar_child, pre, child_keep
     )
-    nfc = sum(_floats(body.const_avals))
-    nfk = sum(_floats(body.carry_avals))
-    nfx = sum(_floats(body.x_avals))
-    return cc[:nfc], kk[:nfk], xx[:nfx]
+    return cc, kk[: sum(_floats(body.carry_avals))], xx
 
 
 def _full_from_floats(values, avals):
@@ -299,7 +312,7 @@ def _tan_jvp(primals, tangents, *, body, length, schedule, has_ck, masks):
     return out, [*zk[body.nk :], *zy[body.ny :]]
 
 
-def _adj_jvp(primals, tangents, *, body, length, schedule, has_ck, ymask):
+def _adj_jvp(primals, tangents, *, body, length, schedule, has_ck, ymask, keep):
     fk, fy = _floats(body.carry_avals), _floats(body.y_avals)
     nkf = sum(fk)
     sizes = [_npre(length), body.nc, body.nk, body.nx, _ck_size(body, has_ck, length), nkf,
@@ -311,10 +324,10 @@ def _adj_jvp(primals, tangents, *, body, length, schedule, has_ck, ymask):
         # may run it after the augmented sweep below, and the forward's snapshots would then
         # live beside the augmented ones. One extra forward sweep, at second order only.
         out = adj_p.bind(*pre, *c, *k, *x, *kbar, *ybar, body=body, length=length,
-                         schedule=schedule, has_ck=False, ymask=ymask)
+                         schedule=schedule, has_ck=False, ymask=ymask, keep=keep)
     else:
         out = adj_p.bind(*primals, body=body, length=length, schedule=schedule, has_ck=has_ck,
-                         ymask=ymask)
+                         ymask=ymask, keep=keep)
     y_avals = [_timed(a, length) for a in body.y_avals]
     w = (
         _full_from_floats(kbar, body.carry_avals),
@@ -326,7 +339,8 @@ def _adj_jvp(primals, tangents, *, body, length, schedule, has_ck, ymask):
     )
     if not any(_nz(t) for t in [*tc, *tk, *tx, *tkbar, *tybar]):
         return out, [_zero(core.typeof(o)) for o in out]
-    cc, kk, xx = adjoint_tangent(body, length, schedule, (c, k, x), (tc, tk, tx), w, dw, pre)
+    cc, kk, xx = adjoint_tangent(body, length, schedule, (c, k, x), (tc, tk, tx), w, dw, pre,
+                                 keep)
     return out, [*cc, *kk, *xx]
 
 
@@ -360,15 +374,18 @@ def _tan_transpose(cts, *args, body, length, schedule, has_ck, masks):
     return out
 
 
-def _adj_transpose(cts, *args, body, length, schedule, has_ck, ymask):
+def _adj_transpose(cts, *args, body, length, schedule, has_ck, ymask, keep):
     fk, fy = _floats(body.carry_avals), _floats(body.y_avals)
     nkf = sum(fk)
     sizes = [_npre(length), body.nc, body.nk, body.nx, _ck_size(body, has_ck, length), nkf,
              sum(ymask)]
     pre, c, k, x, ckv, kbar, ybar = split(args, sizes)
-    nfc, nfx = sum(_floats(body.const_avals)), sum(_floats(body.x_avals))
-    ct_c, ct_k, ct_x = split(cts, [nfc, nkf, nfx])
+    cmask, xmask = keep
+    ct_c, ct_k, ct_x = split(cts, [sum(cmask), nkf, sum(xmask)])
     x_avals = [_timed(a, length) for a in body.x_avals]
+    # Cotangents over all float consts and xs leaves (zero where this adjoint had no output).
+    ct_c = _expand(cmask, ct_c, [a for a in body.const_avals if is_float(a)])
+    ct_x = _expand(xmask, ct_x, [a for a in x_avals if is_float(a)])
     if not any(_undef(v) for v in [*c, *k, *x, *ckv]):
         # w -> J^T w is linear; its transpose is ct -> J ct.
         dz = (
@@ -466,6 +483,35 @@ ad.primitive_transposes[tan_p] = _tan_transpose
 ad.primitive_transposes[adj_p] = _adj_transpose
 
 
+# ----------------------------------------------------------------------------- dead code
+
+
+def _adj_dce(used_outputs, eqn):
+    """Drop the consts and xs cotangents nobody reads: the adjoint then holds those leaves
+    constant, so they cost neither per-step work nor memory (an unread ``xs`` cotangent would
+    be an ``O(N)`` buffer). Carry cotangents are the sweep's state and always stay."""
+    if not any(used_outputs) and not eqn.effects:
+        return [False] * len(eqn.invars), None
+    params = eqn.params
+    cmask, xmask = params["keep"]
+    nkf = sum(_floats(params["body"].carry_avals))
+    uc, _, ux = split(used_outputs, [sum(cmask), nkf, sum(xmask)])
+    vc, vk, vx = split(eqn.outvars, [sum(cmask), nkf, sum(xmask)])
+
+    def narrow(mask, used):
+        it = iter(used)
+        return tuple(m and next(it) for m in mask)
+
+    keep = (narrow(cmask, uc), narrow(xmask, ux))
+    if keep == (cmask, xmask):
+        return [True] * len(eqn.invars), eqn
+    outvars = _pick(uc, vc) + vk + _pick(ux, vx)
+    return [True] * len(eqn.invars), eqn.replace(params=dict(params, keep=keep), outvars=outvars)
+
+
+pe.dce_rules[adj_p] = _adj_dce
+
+
 # ----------------------------------------------------------------------------- batching
 
 
@@ -490,12 +536,12 @@ def _layout_tan(body, has_ck, masks, length, **_):
     return ins, [0] * sum(mk) + [1] * sum(my)
 
 
-def _layout_adj(body, has_ck, ymask, length, **_):
+def _layout_adj(body, has_ck, ymask, length, keep, **_):
     ck = _layout_ck(body, has_ck, length)
     nkf = sum(_floats(body.carry_avals))
     ins = [None] * _npre(length) + [0] * (body.nc + body.nk) + [1] * body.nx + ck
     ins += [0] * nkf + [1] * sum(ymask)
-    outs = [0] * (sum(_floats(body.const_avals)) + nkf) + [1] * sum(_floats(body.x_avals))
+    outs = [0] * (sum(keep[0]) + nkf) + [1] * sum(keep[1])
     return ins, outs
 
 
