@@ -112,9 +112,9 @@ def _row_runner(body, consts, xs, ys_bar, ymask, keep=None):
     """The function ``(op, a, b, state) -> state`` that executes one action row.
 
     ``state = (cur, slots, kbar, cbar, xbar)``. Each row runs as: advance (a zero-trip loop unless
-    the row advances), then store, restore and record, each under a two-way cond that leaves its
-    operands untouched when the row is something else (a many-way switch would make XLA keep a
-    second copy of the slots). Any other opcode is a no-op.
+    the row advances); store and restore as selects on one slot; record under a two-way cond
+    whose operands are only the carry and the cotangents (never the slots or the ``xs``
+    cotangent, which XLA would copy through the conditional). Any other opcode is a no-op.
     """
     cmask, xmask = keep if keep is not None else (None, None)
     fc = _masked(body.const_avals, cmask)
@@ -129,7 +129,9 @@ def _row_runner(body, consts, xs, ys_bar, ymask, keep=None):
         it = iter(float_vals)
         return [next(it) if f else v for v, f in zip(all_vals, flags)]
 
-    def record(i, cur, slots, kbar, cbar, xbar):
+    def record(i, cur, kbar, cbar):
+        """One recorded step: the VJP of step ``i`` at ``cur``. Returns the new carry cotangent,
+        the accumulated consts cotangent and this step's ``xs`` cotangent."""
         x = _slice(xs, i)
         ybar_i = [
             lax.dynamic_index_in_dim(yb, i, 0, keepdims=False) if yb is not None
@@ -149,9 +151,11 @@ def _row_runner(body, consts, xs, ys_bar, ymask, keep=None):
         x_f = [v for v, f in zip(x, fx) if f]
         _, pullback = jax.vjp(f, c_f, k_f, x_f)
         dc, dk, dx = pullback((list(kbar), ybar_i))
-        cbar = [a + b for a, b in zip(cbar, dc)]
-        xbar = _put(xbar, dx, i)
-        return cur, slots, list(dk), cbar, xbar
+        return list(dk), [a + b for a, b in zip(cbar, dc)], list(dx)
+
+    def skip(i, cur, kbar, cbar):
+        x_f = [v for v, f in zip(_slice(xs, i), fx) if f]
+        return list(kbar), list(cbar), [jnp.zeros_like(v) for v in x_f]
 
     def run(op, a, b, state):
         cur, slots, kbar, cbar, xbar = state
@@ -163,12 +167,12 @@ def _row_runner(body, consts, xs, ys_bar, ymask, keep=None):
         cur = lax.cond(
             op == RESTORE, lambda c: body.restore(c, _slice(slots, b)), lambda c: list(c), cur
         )
-        return lax.cond(
-            op == RECORD,
-            lambda st: record(a, *st),
-            lambda st: tuple(list(v) for v in st),
-            (cur, slots, kbar, cbar, xbar),
-        )
+        i = jnp.where(op == RECORD, a, 0)
+        kbar, cbar, dx = lax.cond(op == RECORD, record, skip, i, cur, kbar, cbar)
+        if xbar:
+            old = _slice(xbar, i)
+            xbar = _put(xbar, [jnp.where(op == RECORD, d, o) for d, o in zip(dx, old)], i)
+        return cur, slots, kbar, cbar, xbar
 
     return run
 
