@@ -98,28 +98,33 @@ def _advance(body: Body, consts, xs, cur, a, b):
     return lax.fori_loop(a, b, lambda i, c: body(consts, c, _slice(xs, i))[0], cur)
 
 
-def _masked(avals, keep):
-    """Which leaves get cotangents: float leaves selected by ``keep`` (a mask over the float
-    leaves; ``None`` selects them all)."""
-    fl = [is_float(a) for a in avals]
-    if keep is None:
-        return fl
-    it = iter(keep)
-    return [f and next(it) for f in fl]
+def _differentiated(body, keep):
+    """Which consts and xs leaves get cotangents: ``(fc, fx)``, the float leaves selected by
+    ``keep = (cmask, xmask)`` (masks over the float leaves; ``None`` selects them all)."""
+
+    def masked(avals, mask):
+        fl = [is_float(a) for a in avals]
+        if mask is None:
+            return fl
+        it = iter(mask)
+        return [f and next(it) for f in fl]
+
+    cmask, xmask = keep if keep is not None else (None, None)
+    return masked(body.const_avals, cmask), masked(body.x_avals, xmask)
 
 
 def _row_runner(body, consts, xs, ys_bar, ymask, keep=None):
     """The function ``(op, a, b, state) -> state`` that executes one action row.
 
     ``state = (cur, slots, kbar, cbar, xbar)``. Each row runs as: advance (a zero-trip loop unless
-    the row advances); store and restore as selects on one slot; record under a two-way cond
-    whose operands are only the carry and the cotangents (never the slots or the ``xs``
-    cotangent, which XLA would copy through the conditional). Any other opcode is a no-op.
+    the row advances), then store and restore, each under a two-way cond that leaves the slots or
+    the carry untouched when the row is something else (a many-way switch would make XLA keep a
+    second copy of the slots), then record under a two-way cond whose operands are only the carry
+    and the cotangents: the slots and the ``xs`` cotangent stay outside it (this step's ``xs``
+    cotangent is written after it). Any other opcode is a no-op.
     """
-    cmask, xmask = keep if keep is not None else (None, None)
-    fc = _masked(body.const_avals, cmask)
+    fc, fx = _differentiated(body, keep)
     fk = [is_float(a) for a in body.carry_avals]
-    fx = _masked(body.x_avals, xmask)
     fy = [is_float(a) for a in body.y_avals]
     y_avals_f = [a for a, f in zip(body.y_avals, fy) if f]
     ybar_of = iter(ys_bar)
@@ -178,9 +183,7 @@ def _row_runner(body, consts, xs, ys_bar, ymask, keep=None):
 
 
 def _cotangent_init(body, consts, xs, keep=None):
-    cmask, xmask = keep if keep is not None else (None, None)
-    fc = _masked(body.const_avals, cmask)
-    fx = _masked(body.x_avals, xmask)
+    fc, fx = _differentiated(body, keep)
     consts_bar = [jnp.zeros_like(c) for c, f in zip(consts, fc) if f]
     xs_bar = [jnp.zeros_like(x) for x, f in zip(xs, fx) if f]
     return consts_bar, xs_bar
