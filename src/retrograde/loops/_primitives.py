@@ -319,15 +319,15 @@ def _adj_jvp(primals, tangents, *, body, length, schedule, has_ck, ymask, keep):
              sum(ymask)]
     pre, c, k, x, _, kbar, ybar = split(primals, sizes)
     _, tc, tk, tx, _, tkbar, tybar = split(tangents, sizes)
-    if any(_nz(t) for t in [*tc, *tk, *tx, *tkbar, *tybar]):
-        # The primal adjoint re-lays its own snapshots rather than reading the forward's: XLA
-        # may run it after the augmented sweep below, and the forward's snapshots would then
-        # live beside the augmented ones. One extra forward sweep, at second order only.
-        out = adj_p.bind(*pre, *c, *k, *x, *kbar, *ybar, body=body, length=length,
-                         schedule=schedule, has_ck=False, ymask=ymask, keep=keep)
-    else:
+    if not any(_nz(t) for t in [*tc, *tk, *tx, *tkbar, *tybar]):
         out = adj_p.bind(*primals, body=body, length=length, schedule=schedule, has_ck=has_ck,
                          ymask=ymask, keep=keep)
+        return out, [_zero(core.typeof(o)) for o in out]
+    # The primal adjoint re-lays its own snapshots rather than reading the forward's: XLA may
+    # run it after the augmented sweep below, and the forward's snapshots would then live beside
+    # the augmented ones. One extra forward sweep, at second order only.
+    out = adj_p.bind(*pre, *c, *k, *x, *kbar, *ybar, body=body, length=length,
+                     schedule=schedule, has_ck=False, ymask=ymask, keep=keep)
     y_avals = [_timed(a, length) for a in body.y_avals]
     w = (
         _full_from_floats(kbar, body.carry_avals),
@@ -337,8 +337,6 @@ def _adj_jvp(primals, tangents, *, body, length, schedule, has_ck, ymask, keep):
         _full_from_floats(tkbar, body.carry_avals),
         _full_from_floats(_expand(ymask, tybar, [a for a, f in zip(y_avals, fy) if f]), y_avals),
     )
-    if not any(_nz(t) for t in [*tc, *tk, *tx, *tkbar, *tybar]):
-        return out, [_zero(core.typeof(o)) for o in out]
     cc, kk, xx = adjoint_tangent(body, length, schedule, (c, k, x), (tc, tk, tx), w, dw, pre,
                                  keep)
     return out, [*cc, *kk, *xx]
