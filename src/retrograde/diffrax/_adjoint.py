@@ -95,9 +95,11 @@ def outer_while_loop(
 
 
 def inner_while_loop(cond_fun, body_fun, init_val, *, max_steps, buffers=None, **_):
-    """The loops diffrax nests inside one step (the ``SaveAt(ts=...)`` save loop): a bounded
-    scan-of-cond loop, differentiable in every mode, its size bounded by its own ``max_steps``
-    (the number of save times), independent of the solver's ``max_steps``."""
+    """The loops diffrax nests inside one step (the ``SaveAt(ts=...)`` save loop):
+    :func:`bounded_while_loop`, differentiable in every mode, its size bounded by its own
+    ``max_steps`` (the number of save times), independent of the solver's ``max_steps``. The save
+    loop's carry is two indices, so it runs only the saves the step makes and then evaluates
+    their values in one vectorised pass."""
     if max_steps is None:
         raise ValueError("retrograde.diffrax: an inner loop needs max_steps.")
     return bounded_while_loop(cond_fun, body_fun, init_val, max_steps=max_steps, buffers=buffers)
@@ -125,7 +127,8 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
     Requires ``diffeqsolve(..., max_steps=int)`` (the default 4096 is fine: memory does not
     depend on it). Runge-Kutta stage loops run as bounded ``lax.scan`` loops (``scan_kind=
     "bounded"``, as ``DirectAdjoint`` does) unless the solver sets ``scan_kind`` itself;
-    ``SaveAt(ts=...)`` save loops run as bounded scan-of-cond loops over the save times.
+    ``SaveAt(ts=...)`` save loops run the saves a step makes, then evaluate the saved values in
+    one vectorised pass (see ``bounded_while_loop``).
 
     Example:
         >>> import diffrax, jax, jax.numpy as jnp

@@ -195,62 +195,86 @@ class _RecorderItem:
 
 def bounded_while_loop(cond_fun, body_fun, init_val, *, max_steps: int, buffers=None, **_):
     """``lax.while_loop`` semantics, stopping after ``max_steps`` iterations, differentiable in
-    every mode: ``lax.cond(any live, lax.scan of max_steps masked iterations, skip)``.
-
-    The ``cond`` skips the whole loop when it would not run at all (a solver step that saves
-    nothing). Inside, iterations past the end are masked, not skipped: a ``cond`` per iteration
-    would make JAX store the values the body closes over (the step's dense output) once per
-    iteration when differentiating, while a plain ``scan`` hoists such loop-invariant residuals.
-    Under ``vmap`` with a batched predicate each element is masked by its own predicate.
+    every mode, its memory bounded by ``max_steps`` of *this* loop.
 
     Buffers (``buffers(init_val)``, and leaves that already are :class:`WriteOnly`) are not
-    carried: each iteration's single write ``buf.at[i].set(x, pred=p)`` becomes a row of the
-    scan's stacked output, and the buffer gets one scatter after the loop (rows of iterations
+    carried: each iteration's single write ``buf.at[i].set(x, pred=p)`` becomes one row of a
+    ``(max_steps, ...)`` stack, and the buffer gets one scatter after the loop (rows of iterations
     that did not write point out of bounds, each to its own index, and are dropped). The buffer
-    is never read.
+    is never read. The rest of the carry decides how the loop runs:
+
+    - **Integer carry** (every non-buffer leaf is an integer or boolean, as in diffrax's
+      ``SaveAt(ts=...)`` loop, whose carry is two indices): the carry has no derivative, so a
+      plain ``lax.while_loop`` runs the iterations that happen and records the carry each one
+      starts from; then the body is evaluated once, vectorised (``vmap``) over the recorded
+      carries, for the rows it writes. The cost follows the iterations actually run, plus one
+      vectorised evaluation of ``max_steps`` rows, skipped by a ``cond`` when nothing runs.
+    - **Otherwise**: ``lax.cond(any live, lax.scan of max_steps masked iterations, skip)``.
+      Iterations past the end are masked, not skipped: a ``cond`` per iteration would make JAX
+      store the values the body closes over once per iteration when differentiating, while a
+      plain ``scan`` hoists such loop-invariant residuals.
+
+    Under ``vmap`` with a batched predicate each element is masked by its own predicate.
     """
     if not isinstance(max_steps, int) or max_steps < 0:
         raise ValueError(f"bounded_while_loop: max_steps must be an int >= 0, got {max_steps!r}.")
     if max_steps == 0:
         return init_val
-    leaves, treedef = jtu.tree_flatten(init_val, is_leaf=is_write_only)
-    buffer_ids = set()
-    if buffers is not None:
-        buffer_ids = {id(b) for b in jtu.tree_leaves(buffers(init_val), is_leaf=is_write_only)}
-    is_buf = [is_write_only(x) or id(x) in buffer_ids for x in leaves]
-    was_wrapped = [is_write_only(x) for x in leaves]
-    outer_pred = [x._pred if is_write_only(x) else True for x in leaves]
-    plain = [x._array if is_write_only(x) else x for x in leaves]
-    dyn_idx = [k for k, x in enumerate(plain) if eqx.is_array_like(x) and not is_buf[k]]
-    buf_idx = [k for k in range(len(plain)) if is_buf[k]]
-    dyn = [jnp.asarray(plain[k]) for k in dyn_idx]
-    bufs = [jnp.asarray(plain[k]) for k in buf_idx]
+    loop = _Loop(cond_fun, body_fun, init_val, max_steps, buffers)
+    if loop.dyn and not any(jnp.issubdtype(d.dtype, jnp.inexact) for d in loop.dyn):
+        dyn_final, rows = _replayed(loop)
+    else:
+        dyn_final, rows = _masked(loop)
+    return loop.finish(dyn_final, rows)
 
-    def rebuild(dyn_vals):
-        out = list(plain)
-        for k, v in zip(dyn_idx, dyn_vals):
+
+class _Loop:
+    """The carry of an inner loop split into its dynamic leaves (``dyn``: arrays that are not
+    buffers), its buffers (``bufs``) and static leaves; one iteration as a function of ``dyn``."""
+
+    def __init__(self, cond_fun, body_fun, init_val, max_steps, buffers):
+        leaves, self.treedef = jtu.tree_flatten(init_val, is_leaf=is_write_only)
+        buffer_ids = set()
+        if buffers is not None:
+            buffer_ids = {
+                id(b) for b in jtu.tree_leaves(buffers(init_val), is_leaf=is_write_only)
+            }
+        is_buf = [is_write_only(x) or id(x) in buffer_ids for x in leaves]
+        self.was_wrapped = [is_write_only(x) for x in leaves]
+        self.outer_pred = [x._pred if is_write_only(x) else True for x in leaves]
+        self.plain = [x._array if is_write_only(x) else x for x in leaves]
+        self.dyn_idx = [k for k, x in enumerate(self.plain) if eqx.is_array_like(x) and not is_buf[k]]
+        self.buf_idx = [k for k in range(len(self.plain)) if is_buf[k]]
+        self.dyn = [jnp.asarray(self.plain[k]) for k in self.dyn_idx]
+        self.bufs = [jnp.asarray(self.plain[k]) for k in self.buf_idx]
+        self.cond_fun, self.body_fun, self.max_steps = cond_fun, body_fun, max_steps
+        self.row_shapes = jax.eval_shape(lambda d: self.step(d, True, jnp.int32(0))[1], self.dyn)
+
+    def rebuild(self, dyn_vals):
+        out = list(self.plain)
+        for k, v in zip(self.dyn_idx, dyn_vals):
             out[k] = v
-        for k, b in zip(buf_idx, bufs):
+        for k, b in zip(self.buf_idx, self.bufs):
             out[k] = _Recorder(None, True, (b.shape[1:], b.dtype), False)
-        return jtu.tree_unflatten(treedef, out)
+        return jtu.tree_unflatten(self.treedef, out)
 
-    def live_pred(dyn_vals):
-        return jnp.asarray(cond_fun(rebuild(dyn_vals)), bool)
+    def live(self, dyn_vals):
+        return jnp.asarray(self.cond_fun(self.rebuild(dyn_vals)), bool)
 
-    def one(dyn_vals, j):
-        live = live_pred(dyn_vals)
-        out = body_fun(rebuild(dyn_vals))
+    def step(self, dyn_vals, ok, j):
+        """One iteration from ``dyn_vals``: ``(new dyn, rows)``, a row ``(value, index)`` (or
+        None) per buffer; the index is out of bounds (``len(buffer) + j``) unless ``ok`` and the
+        write's own predicate hold."""
+        out = self.body_fun(self.rebuild(dyn_vals))
         out_leaves, out_tree = jtu.tree_flatten(out, is_leaf=lambda x: isinstance(x, _Buffer))
-        if out_tree != treedef:
+        if out_tree != self.treedef:
             raise TypeError(
                 "retrograde.diffrax: an inner loop's body changed the structure of its carry "
-                f"from {treedef} to {out_tree}."
+                f"from {self.treedef} to {out_tree}."
             )
-        new_dyn = [
-            _select(live, jnp.asarray(out_leaves[k], d.dtype), d) for k, d in zip(dyn_idx, dyn_vals)
-        ]
+        new_dyn = [jnp.asarray(out_leaves[k], d.dtype) for k, d in zip(self.dyn_idx, dyn_vals)]
         rows = []
-        for k, b in zip(buf_idx, bufs):
+        for k, b in zip(self.buf_idx, self.bufs):
             rec = out_leaves[k]
             if not isinstance(rec, _Recorder):
                 raise TypeError("retrograde.diffrax: an inner loop replaced a buffer.")
@@ -258,39 +282,81 @@ def bounded_while_loop(cond_fun, body_fun, init_val, *, max_steps: int, buffers=
                 rows.append(None)
                 continue
             i, x, p = rec._array
-            ok = live if p is True else jnp.logical_and(live, p)
-            rows.append((x, jnp.where(ok, i, b.shape[0] + j)))
+            write = ok if p is True else jnp.logical_and(ok, p)
+            rows.append((x, jnp.where(write, i, b.shape[0] + j)))
         return new_dyn, rows
 
-    row_shapes = jax.eval_shape(lambda d: one(d, jnp.int32(0))[1], dyn)
-
-    def run(dyn_vals):
-        return jax.lax.scan(one, dyn_vals, jnp.arange(max_steps, dtype=jnp.int32))
-
-    def skip(dyn_vals):
-        rows = [
+    def no_rows(self):
+        """The rows of a loop that runs no iteration: all out of bounds."""
+        return [
             None
             if r is None
             else (
-                jnp.zeros((max_steps, *r[0].shape), r[0].dtype),
-                b.shape[0] + jnp.arange(max_steps, dtype=jnp.int32),
+                jnp.zeros((self.max_steps, *r[0].shape), r[0].dtype),
+                b.shape[0] + jnp.arange(self.max_steps, dtype=jnp.int32),
             )
-            for r, b in zip(row_shapes, bufs)
+            for r, b in zip(self.row_shapes, self.bufs)
         ]
-        return list(dyn_vals), rows
 
-    dyn_final, rows = jax.lax.cond(eqxi.unvmap_any(live_pred(dyn)), run, skip, dyn)
-    out = list(plain)
-    for k, v in zip(dyn_idx, dyn_final):
-        out[k] = v
-    for k, b, r in zip(buf_idx, bufs, rows):
-        if r is None:
-            out[k] = b
-            continue
-        vals, idx = r
-        p = outer_pred[k]
-        if p is not True:
-            idx = jnp.where(p, idx, b.shape[0] + jnp.arange(max_steps, dtype=jnp.int32))
-        out[k] = b.at[idx].set(vals, mode="drop", unique_indices=True)
-    out = [wrap(v, outer_pred[k]) if was_wrapped[k] else v for k, v in enumerate(out)]
-    return jtu.tree_unflatten(treedef, out)
+    def finish(self, dyn_final, rows):
+        """The final carry: ``dyn_final``, and each buffer with its rows scattered in."""
+        out = list(self.plain)
+        for k, v in zip(self.dyn_idx, dyn_final):
+            out[k] = v
+        for k, b, r in zip(self.buf_idx, self.bufs, rows):
+            if r is None:
+                out[k] = b
+                continue
+            vals, idx = r
+            p = self.outer_pred[k]
+            if p is not True:
+                idx = jnp.where(p, idx, b.shape[0] + jnp.arange(self.max_steps, dtype=jnp.int32))
+            out[k] = b.at[idx].set(vals, mode="drop", unique_indices=True)
+        out = [wrap(v, self.outer_pred[k]) if self.was_wrapped[k] else v for k, v in enumerate(out)]
+        return jtu.tree_unflatten(self.treedef, out)
+
+
+def _masked(loop: _Loop):
+    """``cond(any live, scan of max_steps iterations, each masked by the predicate)``."""
+
+    def one(dyn_vals, j):
+        live = loop.live(dyn_vals)
+        new_dyn, rows = loop.step(dyn_vals, live, j)
+        return [_select(live, n, d) for n, d in zip(new_dyn, dyn_vals)], rows
+
+    def run(dyn_vals):
+        return jax.lax.scan(one, dyn_vals, jnp.arange(loop.max_steps, dtype=jnp.int32))
+
+    def skip(dyn_vals):
+        return list(dyn_vals), loop.no_rows()
+
+    return jax.lax.cond(eqxi.unvmap_any(loop.live(loop.dyn)), run, skip, loop.dyn)
+
+
+def _replayed(loop: _Loop):
+    """For a carry without derivatives: a ``lax.while_loop`` over the iterations that happen,
+    recording the carry each starts from, then the rows of all of them in one ``vmap``."""
+    m = loop.max_steps
+
+    def go_on(c):
+        j, d, _ = c
+        return (j < m) & loop.live(d)
+
+    def advance(c):
+        j, d, seen = c
+        seen = [s.at[j].set(x) for s, x in zip(seen, d)]
+        return j + 1, loop.step(d, True, j)[0], seen
+
+    seen0 = [jnp.zeros((m, *d.shape), d.dtype) for d in loop.dyn]
+    n, dyn_final, seen = jax.lax.while_loop(go_on, advance, (jnp.int32(0), list(loop.dyn), seen0))
+
+    def rows_of(d, j):
+        return loop.step(d, j < n, j)[1]
+
+    def run(seen):
+        return jax.vmap(rows_of)(seen, jnp.arange(m, dtype=jnp.int32))
+
+    def skip(seen):
+        return loop.no_rows()
+
+    return dyn_final, jax.lax.cond(eqxi.unvmap_any(n > 0), run, skip, seen)
