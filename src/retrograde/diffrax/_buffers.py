@@ -11,7 +11,6 @@ and is dropped, so nothing is read. The loops themselves only ever see plain arr
 
 from __future__ import annotations
 
-
 import equinox as eqx
 import equinox.internal as eqxi
 import jax
@@ -19,7 +18,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from equinox.internal._loop.common import _Buffer  # diffrax dispatches on this type
 
-__all__ = ["WriteOnly", "wrap", "unwrap", "is_write_only", "bounded_while_loop"]
+__all__ = ["WriteOnly", "bounded_while_loop", "is_write_only", "unwrap", "wrap"]
 
 
 def _scalar_index(item):
