@@ -346,7 +346,9 @@ def _replayed(loop: _Loop):
         seen = [s.at[j].set(x) for s, x in zip(seen, d)]
         return j + 1, loop.step(d, True, j)[0], seen
 
-    seen0 = [jnp.zeros((m, *d.shape), d.dtype) for d in loop.dyn]
+    # Rows past the last iteration are evaluated (and dropped) at the initial carry, a carry the
+    # body is meant to see, rather than at zeros.
+    seen0 = [jnp.broadcast_to(d, (m, *d.shape)) for d in loop.dyn]
     n, dyn_final, seen = jax.lax.while_loop(go_on, advance, (jnp.int32(0), list(loop.dyn), seen0))
 
     def rows_of(d, j):
