@@ -24,7 +24,9 @@ def optimum(n, s):
     s = s.astype(i32)
 
     def general(_):
-        r, b = repetition(n, s)
+        # Under vmap the conds below become selects and this branch also runs for s == 1 (and
+        # n <= 1), where repetition(n, 1) would loop n times for a value that is discarded.
+        r, b = repetition(jnp.where((s == 1) | (n <= 1), 1, n), s)
         # C(s + r, s + 1) = beta(s, r) * r / (s + 1), computed without overflow.
         c = (b // (s + 1)) * r + ((b % (s + 1)) * r) // (s + 1)
         return jnp.minimum(r * n - c, COST_CAP)
