@@ -285,15 +285,16 @@ class _Loop:
             rows.append((x, jnp.where(write, i, b.shape[0] + j)))
         return new_dyn, rows
 
+    def out_of_bounds(self, b):
+        """``max_steps`` distinct row indices past the end of buffer ``b`` (dropped writes)."""
+        return b.shape[0] + jnp.arange(self.max_steps, dtype=jnp.int32)
+
     def no_rows(self):
         """The rows of a loop that runs no iteration: all out of bounds."""
         return [
             None
             if r is None
-            else (
-                jnp.zeros((self.max_steps, *r[0].shape), r[0].dtype),
-                b.shape[0] + jnp.arange(self.max_steps, dtype=jnp.int32),
-            )
+            else (jnp.zeros((self.max_steps, *r[0].shape), r[0].dtype), self.out_of_bounds(b))
             for r, b in zip(self.row_shapes, self.bufs)
         ]
 
@@ -309,7 +310,7 @@ class _Loop:
             vals, idx = r
             p = self.outer_pred[k]
             if p is not True:
-                idx = jnp.where(p, idx, b.shape[0] + jnp.arange(self.max_steps, dtype=jnp.int32))
+                idx = jnp.where(p, idx, self.out_of_bounds(b))
             out[k] = b.at[idx].set(vals, mode="drop", unique_indices=True)
         out = [wrap(v, self.outer_pred[k]) if self.was_wrapped[k] else v for k, v in enumerate(out)]
         return jtu.tree_unflatten(self.treedef, out)
