@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools as ft
+import threading
 from typing import Any
 
 import diffrax
@@ -29,6 +31,46 @@ def default_schedule(max_steps: int):
     while beta(s, 2) < max_steps:
         s += 1
     return Online(s)
+
+
+class _StageKind(str):
+    """A Runge-Kutta ``scan_kind`` that reads ``"bounded"``, except while the first-order step is
+    traced (inside :func:`_first_order`), where it reads ``"checkpointed"``.
+
+    ``"bounded"`` stage loops are differentiable in every mode; ``"checkpointed"`` ones reverse
+    faster (a ``custom_vjp`` storing every stage) but are not forward- or twice-differentiable.
+    ``retrograde.while_loop`` runs the second version wherever it executes a step or its VJP,
+    and transforms only the first (``first_order_body_fun``).
+    """
+
+    _state = threading.local()
+
+    def __new__(cls):
+        return super().__new__(cls, "bounded")
+
+    @classmethod
+    def current(cls) -> str:
+        return "checkpointed" if getattr(cls._state, "fast", False) else "bounded"
+
+    def __eq__(self, other):
+        if isinstance(other, _StageKind):
+            return True
+        return isinstance(other, str) and self.current() == str(other)
+
+    def __ne__(self, other):
+        return not self == other
+
+    __hash__ = str.__hash__
+
+
+@contextlib.contextmanager
+def _first_order():
+    old = getattr(_StageKind._state, "fast", False)
+    _StageKind._state.fast = True
+    try:
+        yield
+    finally:
+        _StageKind._state.fast = old
 
 
 def outer_while_loop(
@@ -86,11 +128,15 @@ def outer_while_loop(
         new = _out_leaves(body_fun(_wrap_tree(full(dvals))))
         return [jnp.asarray(new[k]).astype(dt) for k, dt in zip(dyn_idx, dtypes)]
 
+    def first_order_body(dvals):
+        with _first_order():
+            return flat_body(dvals)
+
     buf_pos = [j for j, k in enumerate(dyn_idx) if is_buf[k]]
     flat_buffers = (lambda dvals: [dvals[j] for j in buf_pos]) if buf_pos else None
 
     final = loop(flat_cond, flat_body, init_dyn, schedule=schedule, max_steps=max_steps,
-                 buffers=flat_buffers)
+                 buffers=flat_buffers, first_order_body_fun=first_order_body)
     return jtu.tree_unflatten(treedef, full(final))
 
 
@@ -167,7 +213,7 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
             )
         if isinstance(solver, _rk_classes()) and getattr(solver, "scan_kind", None) is None:
             solver = eqx.tree_at(
-                lambda s: s.scan_kind, solver, "bounded", is_leaf=lambda x: x is None
+                lambda s: s.scan_kind, solver, _StageKind(), is_leaf=lambda x: x is None
             )
         return self._loop(
             **kwargs,

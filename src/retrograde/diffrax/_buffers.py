@@ -355,10 +355,45 @@ def _replayed(loop: _Loop):
     def rows_of(d, j):
         return loop.step(d, j < n, j)[1]
 
-    def run(seen):
-        return jax.vmap(rows_of)(seen, jnp.arange(m, dtype=jnp.int32))
+    def evaluate(k):
+        """The rows of the first ``k`` recorded carries, padded to ``m`` with dropped rows."""
+
+        def run(seen):
+            head = [s[:k] for s in seen]
+            rows = jax.vmap(rows_of)(head, jnp.arange(k, dtype=jnp.int32))
+            return [
+                None if r is None else _pad(r, m, loop.out_of_bounds(b))
+                for r, b in zip(rows, loop.bufs)
+            ]
+
+        return run
 
     def skip(seen):
         return loop.no_rows()
 
-    return dyn_final, jax.lax.cond(eqxi.unvmap_any(n > 0), run, skip, seen)
+    # Evaluate the rows of the iterations that ran, rounded up to a tier (4, 16, 64, ..., m),
+    # not always all m: a step typically saves a few of many save times.
+    tiers = _tiers(m)
+    most = eqxi.unvmap_max(n)
+    tier = jnp.where(most > 0, 1 + sum((most > k).astype(jnp.int32) for k in tiers[:-1]), 0)
+    branches = [skip] + [evaluate(k) for k in tiers]
+    return dyn_final, jax.lax.switch(tier, branches, seen)
+
+
+def _tiers(m: int) -> list[int]:
+    """Row counts ``4, 16, 64, ...`` below ``m``, then ``m``."""
+    out, k = [], 4
+    while k < m:
+        out.append(k)
+        k *= 2
+    return out + [m]
+
+
+def _pad(row, m, dropped):
+    """Rows ``(values[k], indices[k])`` padded to ``m``: zeros written at dropped indices."""
+    vals, idx = row
+    k = vals.shape[0]
+    if k == m:
+        return vals, idx
+    pad = jnp.zeros((m - k, *vals.shape[1:]), vals.dtype)
+    return jnp.concatenate([vals, pad]), jnp.concatenate([idx, dropped[k:]])

@@ -46,17 +46,23 @@ class Body:
     Hashable by identity (it is a primitive parameter). ``parent`` and ``masks`` are set when this
     body is ``jvp_body(parent, *masks)``: then each group of leaves is the parent's leaves followed
     by the tangents of the parent leaves where the group's mask is True.
+
+    ``fast``, if given, is a second closed jaxpr of the same signature computing the same function,
+    used wherever the step or its VJP is *executed* (``__call__``), never where the body is
+    transformed (:func:`jvp_body` builds from ``jaxpr``): e.g. the same step with an inner loop
+    whose reverse mode is a ``custom_vjp``, quicker to reverse but not differentiable twice.
     """
 
     __slots__ = (
-        "jaxpr", "nc", "nk", "nx", "ny", "parent", "masks", "stored", "_jvp_cache",
+        "jaxpr", "nc", "nk", "nx", "ny", "parent", "masks", "stored", "fast", "_jvp_cache",
         "_batch_cache", "__weakref__",
     )
 
     def __init__(self, jaxpr, nc: int, nk: int, nx: int, parent: Body | None = None,
                  masks: tuple[Mask, Mask, Mask, Mask] | None = None,
-                 stored: Mask | None = None):
+                 stored: Mask | None = None, fast=None):
         self.jaxpr = jaxpr
+        self.fast = fast
         self.nc, self.nk, self.nx = nc, nk, nx
         self.ny = len(jaxpr.out_avals) - nk
         self.parent = parent
@@ -102,8 +108,10 @@ class Body:
         return self.jaxpr.effects
 
     def __call__(self, consts, carry, x):
-        """Evaluate one step: returns ``(carry, y)`` as lists of leaves."""
-        out = jex_core.jaxpr_as_fun(self.jaxpr)(*consts, *carry, *x)
+        """Evaluate one step (with ``fast`` where there is one): returns ``(carry, y)`` as lists of
+        leaves."""
+        jaxpr = self.jaxpr if self.fast is None else self.fast
+        out = jex_core.jaxpr_as_fun(jaxpr)(*consts, *carry, *x)
         return list(out[: self.nk]), list(out[self.nk :])
 
     def __repr__(self):
@@ -182,12 +190,16 @@ def batch_body(body: Body, size: int) -> Body:
     hit = body._batch_cache.get(size)
     if hit is not None:
         return hit
-    fun = jex_core.jaxpr_as_fun(body.jaxpr)
-    closed = jax.make_jaxpr(jax.vmap(lambda *a: fun(*a)))(
-        *[_sds(a, (size,)) for a in body.jaxpr.in_avals]
-    )
+
+    def batched(jaxpr):
+        fun = jex_core.jaxpr_as_fun(jaxpr)
+        return jax.make_jaxpr(jax.vmap(lambda *a: fun(*a)))(
+            *[_sds(a, (size,)) for a in jaxpr.in_avals]
+        )
+
     parent = batch_body(body.parent, size) if body.parent is not None else None
-    child = Body(closed, body.nc, body.nk, body.nx, parent=parent, masks=body.masks,
-                 stored=body.stored)
+    fast = batched(body.fast) if body.fast is not None else None
+    child = Body(batched(body.jaxpr), body.nc, body.nk, body.nx, parent=parent, masks=body.masks,
+                 stored=body.stored, fast=fast)
     body._batch_cache[size] = child
     return child

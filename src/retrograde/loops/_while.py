@@ -109,6 +109,7 @@ def while_loop(
     schedule: Schedule | None = None,
     max_steps: int | None = None,
     buffers: Callable[[T], object] | None = None,
+    first_order_body_fun: Callable[[T], T] | None = None,
 ) -> T:
     """``jax.lax.while_loop`` that is reverse-differentiable, with snapshots placed online.
 
@@ -133,6 +134,13 @@ def while_loop(
             (``buf.at[i].set(x)``, possibly under ``jnp.where``) but nothing the step computes
             may depend on their values. They are kept once, never copied into a snapshot, and
             their cotangents are exact. A step that reads a buffer raises ``ValueError``.
+        first_order_body_fun: optional second implementation of ``body_fun`` (the same function,
+            closing over the same values), used wherever the loop *runs* steps or their VJPs (the
+            forward pass, recomputation, first-order reverse sweeps) and never where the loop is
+            differentiated further (``jvp``, second and higher order use ``body_fun``): e.g. the
+            same step with an inner loop whose reverse mode is a ``custom_vjp``, quicker to
+            reverse but not forward- or twice-differentiable. Ignored if it closes over a traced
+            value that ``body_fun`` does not.
 
     Returns:
         The final ``val``.
@@ -184,22 +192,41 @@ def while_loop(
 
     body0, consts_b = make_body(jax.make_jaxpr(flat_body)(*sds), len(flat), 0)
     cond0, consts_c = make_body(jax.make_jaxpr(flat_cond)(*sds), 0, len(flat))
+    fast = None
+    if first_order_body_fun is not None:
+        if not callable(first_order_body_fun):
+            raise TypeError("retrograde.while_loop: first_order_body_fun must be callable.")
+
+        def flat_fast(*args):
+            new = first_order_body_fun(tree_util.tree_unflatten(tree, args))
+            return match_carry("retrograde.while_loop", "first_order_body_fun", new, tree, sds)
+
+        fast0, consts_f = make_body(jax.make_jaxpr(flat_fast)(*sds), len(flat), 0)
+        fast, consts_b = _merge_consts(consts_b, consts_f)
     consts = [*consts_b, *consts_c]
     nb = len(consts_b)
     const_sds = [jax.ShapeDtypeStruct(core.typeof(c).shape, core.typeof(c).dtype) for c in consts]
     fb, fc = jaxpr_as_fun(body0.jaxpr), jaxpr_as_fun(cond0.jaxpr)
+    nb0 = len(body0.const_avals)
 
-    def masked(*a):
-        # where(pred, body(u), u): the same as body(u) before the loop stops, and the identity
-        # for batch elements that stopped earlier than others (under vmap). Tangent and adjoint
-        # replay this body for the N steps, so a batched predicate needs no special case there.
-        (ok,) = fc(*a[nb:])
-        new = fb(*a[:nb], *a[len(consts):])
-        return [jnp.where(ok, n, o) for n, o in zip(new, a[len(consts):])]
+    def where_going(step):
+        def masked(*a):
+            # where(pred, body(u), u): the same as body(u) before the loop stops, and the identity
+            # for batch elements that stopped earlier than others (under vmap). Tangent and
+            # adjoint replay this body for the N steps, so a batched predicate needs no special
+            # case there.
+            (ok,) = fc(*a[nb:])
+            new = step(a[:nb], a[len(consts):])
+            return [jnp.where(ok, n, o) for n, o in zip(new, a[len(consts):])]
+
+        return jax.make_jaxpr(masked)(*const_sds, *sds)
 
     stored = _buffer_mask(buffers, init_val, originals)
-    body = Body(jax.make_jaxpr(masked)(*const_sds, *sds), len(consts), len(flat), 0,
-                stored=stored)
+    if fast is not None:
+        ff, where_f = jaxpr_as_fun(fast0.jaxpr), fast
+        fast = where_going(lambda c, k: ff(*[c[j] for j in where_f], *k))
+    body = Body(where_going(lambda c, k: fb(*c[:nb0], *k)), len(consts), len(flat), 0,
+                stored=stored, fast=fast)
     if not all(stored):
         check_write_only(body)
     cond = Body(
@@ -209,6 +236,25 @@ def while_loop(
         *consts, *flat, body=body, cond=cond, schedule=schedule, max_steps=max_steps, save=False
     )
     return tree_util.tree_unflatten(tree, outs[: len(flat)])
+
+
+def _merge_consts(consts_b: list, consts_f: list) -> tuple[list[int] | None, list]:
+    """Constants of ``body_fun`` followed by those only ``first_order_body_fun`` closes over.
+
+    Returns ``(where, merged)``: ``merged[where[j]]`` is the fast body's ``j``-th constant.
+    ``where`` is None (no fast body) if a constant only the fast body has is traced: its
+    derivative would be lost, since transformations see only ``body_fun``.
+    """
+    index = {id(c): i for i, c in enumerate(consts_b)}
+    merged, where = list(consts_b), []
+    for c in consts_f:
+        if id(c) not in index:
+            if isinstance(c, core.Tracer):
+                return None, list(consts_b)
+            index[id(c)] = len(merged)
+            merged.append(c)
+        where.append(index[id(c)])
+    return where, merged
 
 
 def _buffer_mask(buffers, init_val, leaves) -> tuple[bool, ...]:
