@@ -1,7 +1,8 @@
 """``bounded_while_loop``: the loop CheckpointAdjoint runs inside one solver step.
 
 Its two ways of running -- an integer carry (replayed: a ``lax.while_loop`` over the iterations
-that happen, then one vectorised evaluation of the rows written) and a carry with floats (a
+that happen, then one vectorised evaluation of the rows written, rounded up to a tier of 2, 4,
+8, ... rows: the cases below hit every tier of 12) and a carry with floats (a
 masked ``lax.scan``) -- against a closed form, in every derivative mode, float64.
 """
 
@@ -70,7 +71,8 @@ def _loss(loop):
 
 
 @pytest.mark.parametrize("loop,ref", CASES, ids=["integer carry", "float carry"])
-@pytest.mark.parametrize("t_end", [-1.0, 0.45, 2.0], ids=["none", "some", "all"])
+@pytest.mark.parametrize("t_end", [-1.0, 0.1, 0.25, 0.45, 2.0],
+                         ids=["none", "two", "three", "six", "all"])
 def test_values_and_every_mode(loop, ref, t_end):
     theta, t_end = jnp.float64(0.7), jnp.float64(t_end)
     n, ys = jax.jit(loop)(theta, t_end)

@@ -206,8 +206,9 @@ def bounded_while_loop(cond_fun, body_fun, init_val, *, max_steps: int, buffers=
       ``SaveAt(ts=...)`` loop, whose carry is two indices): the carry has no derivative, so a
       plain ``lax.while_loop`` runs the iterations that happen and records the carry each one
       starts from; then the body is evaluated once, vectorised (``vmap``) over the recorded
-      carries, for the rows it writes. The cost follows the iterations actually run, plus one
-      vectorised evaluation of ``max_steps`` rows, skipped by a ``cond`` when nothing runs.
+      carries, for the rows it writes: ``k`` rows for the smallest tier ``k`` in 2, 4, 8, ...,
+      ``max_steps`` that covers the iterations run (a ``switch``; nothing when none ran). The
+      cost follows the iterations actually run, within a factor of two.
     - **Otherwise**: ``lax.cond(any live, lax.scan of max_steps masked iterations, skip)``.
       Iterations past the end are masked, not skipped: a ``cond`` per iteration would make JAX
       store the values the body closes over once per iteration when differentiating, while a
@@ -366,13 +367,15 @@ def _replayed(loop: _Loop):
                 for r, b in zip(rows, loop.bufs)
             ]
 
-        return run
+        # Rematerialised: differentiating a ``switch`` makes every branch output every branch's
+        # residuals (zeros or copies, each step); recomputing the rows keeps only the inputs.
+        return jax.checkpoint(run)
 
     def skip(seen):
         return loop.no_rows()
 
-    # Evaluate the rows of the iterations that ran, rounded up to a tier (4, 16, 64, ..., m),
-    # not always all m: a step typically saves a few of many save times.
+    # Evaluate the rows of the iterations that ran, rounded up to a tier (2, 4, 8, ..., m), not
+    # always all m: a step typically saves a few of many save times.
     tiers = _tiers(m)
     most = eqxi.unvmap_max(n)
     tier = jnp.where(most > 0, 1 + sum((most > k).astype(jnp.int32) for k in tiers[:-1]), 0)
@@ -381,8 +384,8 @@ def _replayed(loop: _Loop):
 
 
 def _tiers(m: int) -> list[int]:
-    """Row counts ``4, 16, 64, ...`` below ``m``, then ``m``."""
-    out, k = [], 4
+    """Row counts ``2, 4, 8, ...`` below ``m``, then ``m``."""
+    out, k = [], 2
     while k < m:
         out.append(k)
         k *= 2

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ._body import Body, is_float
@@ -113,73 +114,100 @@ def _differentiated(body, keep):
     return masked(body.const_avals, cmask), masked(body.x_avals, xmask)
 
 
-def _row_runner(body, consts, xs, ys_bar, ymask, keep=None):
-    """The function ``(op, a, b, state) -> state`` that executes one action row.
+class _Reverse:
+    """The two kinds of work of a reverse sweep, on the snapshot leaves of the state only.
 
-    ``state = (cur, slots, kbar, cbar, xbar)``. Each row runs as: advance (a zero-trip loop unless
-    the row advances), then store and restore, each under a two-way cond that leaves the slots or
-    the carry untouched when the row is something else (a many-way switch would make XLA keep a
-    second copy of the slots), then record under a two-way cond whose operands are only the carry
-    and the cotangents: the slots and the ``xs`` cotangent stay outside it (this step's ``xs``
-    cotangent is written after it). Any other opcode is a no-op.
+    ``cur`` holds the carry leaves that snapshots hold; write-only buffer leaves (``body.stored``
+    False) are fed to the step as fixed zeros, since nothing the step computes depends on them, so
+    recomputation never carries (or writes) them.
+
+    - :meth:`move` executes one non-recording action row: advance (a zero-trip loop unless the
+      row advances), then store and restore, each under a two-way cond that leaves the slots or
+      the state untouched when the row is something else (a many-way switch would make XLA keep a
+      second copy of the slots). Any other opcode is a no-op. The cotangents are not operands.
+    - :meth:`record` is the VJP of one step, run unconditionally: sweeps are organised as one
+      iteration per recorded step (the moves before it, then the record), so the carry and
+      parameter cotangents never pass through a conditional (a cond's untaken branch would copy
+      them, every action).
     """
-    fc, fx = _differentiated(body, keep)
-    fk = [is_float(a) for a in body.carry_avals]
-    fy = [is_float(a) for a in body.y_avals]
-    y_avals_f = [a for a, f in zip(body.y_avals, fy) if f]
-    ybar_of = iter(ys_bar)
-    ybar_full = [next(ybar_of) if m else None for m in ymask]
 
-    def merge(float_vals, all_vals, flags):
-        it = iter(float_vals)
-        return [next(it) if f else v for v, f in zip(all_vals, flags)]
+    def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep=None):
+        self.body, self.consts, self.xs = body, consts, xs
+        self.fc, self.fx = _differentiated(body, keep)
+        self.fk = [is_float(a) for a in body.carry_avals]
+        self.fy = [is_float(a) for a in body.y_avals]
+        self.y_avals_f = [a for a, f in zip(body.y_avals, self.fy) if f]
+        ybar_of = iter(ys_bar)
+        self.ybar_full = [next(ybar_of) if m else None for m in ymask]
+        # Buffer leaves: zeros that are never carried (placeholders for the snapshot leaves).
+        self.filler = [
+            None if keep_ else jnp.zeros(a.shape, a.dtype)
+            for a, keep_ in zip(body.carry_avals, body.stored)
+        ]
 
-    def record(i, cur, kbar, cbar):
-        """One recorded step: the VJP of step ``i`` at ``cur``. Returns the new carry cotangent,
-        the accumulated consts cotangent and this step's ``xs`` cotangent."""
-        x = _slice(xs, i)
+    def full(self, cur):
+        """The step's carry from the snapshot leaves ``cur``."""
+        return self.body.restore(self.filler, cur)
+
+    def step(self, cur, i):
+        return self.body.snapshot(self.body(self.consts, self.full(cur), _slice(self.xs, i))[0])
+
+    def advance(self, cur, a, b):
+        return lax.fori_loop(a, b, lambda i, c: self.step(c, i), list(cur))
+
+    def move(self, op, a, b, cur, slots):
+        is_adv = op == ADVANCE
+        cur = self.advance(cur, jnp.where(is_adv, a, 0), jnp.where(is_adv, b, 0))
+        slots = lax.cond(op == STORE, lambda s: _put(s, cur, b), lambda s: list(s), slots)
+        cur = lax.cond(op == RESTORE, lambda c: _slice(slots, b), lambda c: list(c), cur)
+        return cur, slots
+
+    def record(self, i, cur, kbar, cbar, xbar):
+        """The VJP of step ``i`` at ``cur``: the new carry cotangent, the accumulated consts
+        cotangent and the ``xs`` cotangents with step ``i``'s row written."""
+        consts, fc, fk, fx, fy = self.consts, self.fc, self.fk, self.fx, self.fy
+        x = _slice(self.xs, i)
+        full = self.full(cur)
         ybar_i = [
             lax.dynamic_index_in_dim(yb, i, 0, keepdims=False) if yb is not None
             else jnp.zeros(a.shape, a.dtype)
-            for yb, a in zip(ybar_full, y_avals_f)
+            for yb, a in zip(self.ybar_full, self.y_avals_f)
         ]
 
+        def merge(float_vals, all_vals, flags):
+            it = iter(float_vals)
+            return [next(it) if f else v for v, f in zip(all_vals, flags)]
+
         def f(c_f, k_f, x_f):
-            k_new, y = body(merge(c_f, consts, fc), merge(k_f, cur, fk), merge(x_f, x, fx))
+            k_new, y = self.body(merge(c_f, consts, fc), merge(k_f, full, fk), merge(x_f, x, fx))
             return (
                 [v for v, f in zip(k_new, fk) if f],
                 [v for v, f in zip(y, fy) if f],
             )
 
         c_f = [c for c, f in zip(consts, fc) if f]
-        k_f = [c for c, f in zip(cur, fk) if f]
+        k_f = [c for c, f in zip(full, fk) if f]
         x_f = [v for v, f in zip(x, fx) if f]
         _, pullback = jax.vjp(f, c_f, k_f, x_f)
         dc, dk, dx = pullback((list(kbar), ybar_i))
-        return list(dk), [a + b for a, b in zip(cbar, dc)], list(dx)
+        xbar = _put(xbar, dx, i) if xbar else xbar
+        return list(dk), [a + b for a, b in zip(cbar, dc)], xbar
 
-    def skip(i, cur, kbar, cbar):
-        x_f = [v for v, f in zip(_slice(xs, i), fx) if f]
-        return list(kbar), list(cbar), [jnp.zeros_like(v) for v in x_f]
 
-    def run(op, a, b, state):
-        cur, slots, kbar, cbar, xbar = state
-        is_adv = op == ADVANCE
-        cur = _advance(body, consts, xs, cur, jnp.where(is_adv, a, 0), jnp.where(is_adv, b, 0))
-        slots = lax.cond(
-            op == STORE, lambda s: _put(s, body.snapshot(cur), b), lambda s: list(s), slots
-        )
-        cur = lax.cond(
-            op == RESTORE, lambda c: body.restore(c, _slice(slots, b)), lambda c: list(c), cur
-        )
-        i = jnp.where(op == RECORD, a, 0)
-        kbar, cbar, dx = lax.cond(op == RECORD, record, skip, i, cur, kbar, cbar)
-        if xbar:
-            old = _slice(xbar, i)
-            xbar = _put(xbar, [jnp.where(op == RECORD, d, o) for d, o in zip(dx, old)], i)
-        return cur, slots, kbar, cbar, xbar
-
-    return run
+def _by_record(rows):
+    """Group an action table by recorded step: ``(moves, starts, steps)`` where the moves before
+    the ``k``-th record are ``moves[starts[k]:starts[k + 1]]`` and it records step ``steps[k]``.
+    Rows after the last record (none in a valid reversal) are dropped."""
+    rows = np.asarray(rows, np.int32).reshape(-1, 3)
+    is_rec = rows[:, 0] == RECORD
+    moves = rows[~is_rec]
+    # Moves before each record: the count of non-record rows preceding it.
+    before = np.cumsum(~is_rec)[is_rec] if is_rec.any() else np.zeros(0, np.int64)
+    starts = np.concatenate([[0], before]).astype(np.int32)
+    if moves.shape[0] == 0:
+        moves = np.zeros((1, 3), np.int32)
+        moves[0, 0] = -1
+    return moves, starts, rows[is_rec, 1].astype(np.int32)
 
 
 def _cotangent_init(body, consts, xs, keep=None):
@@ -202,24 +230,31 @@ def adjoint(body: Body, plan: Plan, consts, carry0, xs, ck, carry_bar, ys_bar, y
     consts_bar, xs_bar = _cotangent_init(body, consts, xs, keep)
     if plan.length == 0:
         return consts_bar, list(carry_bar), xs_bar
-    run = _row_runner(body, consts, xs, ys_bar, ymask, keep)
+    rev = _Reverse(body, consts, xs, ys_bar, ymask, keep)
 
     def sweep(rows, slots, cur):
-        table = jnp.asarray(rows, jnp.int32)
+        moves, starts, steps = (jnp.asarray(t) for t in _by_record(rows))
 
-        def loop(r, state):
-            return run(table[r, 0], table[r, 1], table[r, 2], state)
+        def one_record(k, state):
+            cur, slots, kbar, cbar, xbar = state
+
+            def move(r, cs):
+                return rev.move(moves[r, 0], moves[r, 1], moves[r, 2], *cs)
+
+            cur, slots = lax.fori_loop(starts[k], starts[k + 1], move, (cur, slots))
+            kbar, cbar, xbar = rev.record(steps[k], cur, kbar, cbar, xbar)
+            return cur, slots, kbar, cbar, xbar
 
         state = (cur, slots, list(carry_bar), consts_bar, xs_bar)
-        _, _, kbar, cbar, xbar = lax.fori_loop(0, table.shape[0], loop, state)
+        _, _, kbar, cbar, xbar = lax.fori_loop(0, steps.shape[0], one_record, state)
         return cbar, kbar, xbar
 
     if ck is not None:
-        return sweep(plan.rows[plan.first_record :], list(ck[0]), list(ck[1]))
+        return sweep(plan.rows[plan.first_record :], list(ck[0]), body.snapshot(ck[1]))
 
     def own():
         slots = _zeros_after(body.snapshot_avals, (plan.n_slots,), [*carry_bar, *carry0])
-        return sweep(plan.rows, slots, list(carry0))
+        return sweep(plan.rows, slots, body.snapshot(carry0))
 
     def zero():
         return consts_bar, [jnp.zeros_like(k) for k in carry_bar], xs_bar
@@ -271,10 +306,12 @@ def adjoint_while(body: Body, n_slots: int, n_steps, consts, carry0, ck, carry_b
 
     From ``ck = (slots, held)`` (the forward sweep's snapshots) or, with ``ck is None``, after
     replaying the forward sweep's placement. Segments between held snapshots are reversed right to
-    left by the in-graph binomial machine. Returns cotangents of float consts and carry leaves.
+    left by the in-graph binomial machine: one iteration per recorded step, which runs the
+    machine's actions up to the next record, then the record (see :class:`_Reverse`). Returns
+    cotangents of float consts and carry leaves.
     """
     consts_bar, _ = _cotangent_init(body, consts, [], keep)
-    run = _row_runner(body, consts, [], [], (), keep)
+    rev = _Reverse(body, consts, [], [], (), keep)
 
     def sweep(slots, held):
         order = jnp.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held)).astype(jnp.int32)
@@ -282,16 +319,26 @@ def adjoint_while(body: Body, n_slots: int, n_steps, consts, carry0, ck, carry_b
         n_seg = jnp.sum(held >= 0).astype(jnp.int32)
         machine = init_state(n_slots, starts, order, n_seg, n_steps, False)
 
-        def go(state):
-            return state[0]["phase"] != P_DONE
+        def pending(s):
+            m, (op, _, _), _, _ = s
+            return (op != RECORD) & (m["phase"] != P_DONE)
 
-        def one(state):
-            m, rows_state = state
-            m, (op, a, b) = machine_step(m)
-            return m, run(op, a, b, rows_state)
+        def move(s):
+            m, (op, a, b), cur, slots = s
+            cur, slots = rev.move(op, a, b, cur, slots)
+            m, action = machine_step(m)
+            return m, action, cur, slots
 
-        state = (list(carry0), slots, list(carry_bar), consts_bar, [])
-        _, (_, _, kbar, cbar, _) = lax.while_loop(go, one, (machine, state))
+        def one_record(_, state):
+            m, action, cur, slots, kbar, cbar = state
+            m, action, cur, slots = lax.while_loop(pending, move, (m, action, cur, slots))
+            kbar, cbar, _ = rev.record(action[1], cur, kbar, cbar, [])
+            m, action = machine_step(m)
+            return m, action, cur, slots, kbar, cbar
+
+        m, action = machine_step(machine)
+        state = (m, action, body.snapshot(carry0), slots, list(carry_bar), consts_bar)
+        *_, kbar, cbar = lax.fori_loop(0, n_steps, one_record, state)
         return cbar, kbar
 
     if ck is not None:
@@ -299,11 +346,12 @@ def adjoint_while(body: Body, n_slots: int, n_steps, consts, carry0, ck, carry_b
 
     def own():
         def replay(n, state):
-            carry, slots, held = state
-            slots, held = _place(n, body.snapshot(carry), slots, held, n_slots)
-            return body(consts, carry, [])[0], slots, held
+            cur, slots, held = state
+            slots, held = _place(n, cur, slots, held, n_slots)
+            return rev.step(cur, n), slots, held
 
-        init = (list(carry0), _zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
+        init = (body.snapshot(carry0),
+                _zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
                 jnp.full((n_slots,), -1, jnp.int32))
         _, slots, held = lax.fori_loop(0, n_steps, replay, init)
         return sweep(slots, held)

@@ -13,7 +13,7 @@ Integers are int32; binomials saturate at ``2**24`` (the step count must stay be
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
+from jax import lax, tree_util
 
 from ._plan import ADVANCE, RECORD, RESTORE, STORE
 
@@ -130,14 +130,13 @@ def step(st):
         row = st["stack"][jnp.maximum(st["sp"], 0)]
         kind, a, b, slot = row[0], row[1], row[2], row[3]
         is_free = (kind == T_FREE) & ~done
-        # A freed slot goes back to the pool.
-        free = jnp.where(is_free, st["free"].at[st["fp"]].set(slot), st["free"])
+        # A freed slot goes back to the pool (written by ``step``).
         fp = st["fp"] + is_free.astype(i32)
         # A segment task takes every free slot plus its own.
         seg = (kind == T_SEGMENT) & ~done
         at_hand = st["first"]
         new = dict(
-            st, free=free, fp=fp, sp=st["sp"] - (~done).astype(i32),
+            st, fp=fp, sp=st["sp"] - (~done).astype(i32),
             phase=jnp.where(done, P_DONE, jnp.where(seg, P_TASK, P_POP)).astype(i32),
             a=jnp.where(seg, a, st["a"]), b=jnp.where(seg, b, st["b"]),
             slot_a=jnp.where(seg, slot, st["slot_a"]),
@@ -154,7 +153,8 @@ def step(st):
         restore = ~at_hand
         one = n == 1
         s1 = (s == 1) & ~one
-        j = lax.cond(restore | one | s1, lambda: i32(1), lambda: split(n, jnp.maximum(s, 2)))
+        trivial = restore | one | s1 | (st["phase"] != P_TASK)
+        j = lax.cond(trivial, lambda: i32(1), lambda: split(n, jnp.maximum(s, 2)))
         m = a + j
         op = jnp.where(
             restore & ~s1, RESTORE, jnp.where(one, RECORD, jnp.where(s1, NOP, ADVANCE))
@@ -173,22 +173,20 @@ def step(st):
     def store(st):
         # The right part is one step: record it without a snapshot (as the Python generator).
         last = st["m"] == st["b"] - 1
-        return lax.cond(last, record_last, store_new, st)
+        return _select(last, record_last(st), store_new(st))
 
     def record_last(st):
         new = dict(st, b=st["m"], at_hand=jnp.bool_(False), phase=i32(P_TASK))
         return new, (i32(RECORD), st["m"], i32(0))
 
     def store_new(st):
-        slot = st["free"][st["fp"] - 1]
+        slot = _read(st["free"], st["fp"] - 1)
         fp = st["fp"] - 1
         sp = st["sp"]
-        stack = st["stack"]
-        stack = stack.at[sp + 1].set(jnp.stack([i32(T_SEGMENT), st["a"], st["m"], st["slot_a"]]))
-        stack = stack.at[sp + 2].set(jnp.stack([i32(T_FREE), st["m"], st["m"], slot]))
-        # The left part is pushed with at_hand False (first=False at pop time).
+        # Pushes the right part and the release of its slot (written by ``step``); the left part
+        # is pushed with at_hand False (first=False at pop time).
         new = dict(
-            st, fp=fp, sp=sp + 2, stack=stack, a=st["m"], s=st["s"] - 1, slot_a=slot,
+            st, fp=fp, sp=sp + 2, a=st["m"], s=st["s"] - 1, slot_a=slot,
             at_hand=jnp.bool_(True), phase=i32(P_TASK),
         )
         return new, (i32(STORE), st["m"], slot)
@@ -215,4 +213,41 @@ def step(st):
     def done(st):
         return st, (i32(NOP), i32(0), i32(0))
 
-    return lax.switch(phase, [pop, task, store, s1, done], st)
+    # Every phase is evaluated and the results selected, without a conditional: the machine runs
+    # once per action, and a conditional would copy the whole state out of its branch each time.
+    # (Only ``task``'s ``split`` loop runs under a cond, and only in its own phase.)
+    # The stack and the free list are not selected (a full copy per action) but written in place,
+    # at one guarded index each: the slot that ``pop`` frees, the two rows ``store`` pushes.
+    regs = {k: v for k, v in st.items() if k not in ("stack", "free")}
+    out = done(regs)
+    for k, phase_fn in ((P_S1, s1), (P_STORE, store), (P_TASK, task), (P_POP, pop)):
+        new, action = phase_fn(st)
+        out = _select(phase == k, ({k2: new[k2] for k2 in regs}, action), out)
+    regs, action = out
+    sp, fp = st["sp"], st["fp"]
+    top = _read(st["stack"], sp)
+    freed = (phase == P_POP) & (sp >= 0) & (top[0] == T_FREE)
+    free = _write(st["free"], fp, top[3], freed)
+    pushed = (phase == P_STORE) & (st["m"] != st["b"] - 1)
+    slot = _read(st["free"], fp - 1)
+    stack = _write(st["stack"], sp + 1,
+                   jnp.stack([i32(T_SEGMENT), st["a"], st["m"], st["slot_a"]]), pushed)
+    stack = _write(stack, sp + 2, jnp.stack([i32(T_FREE), st["m"], st["m"], slot]), pushed)
+    return dict(regs, stack=stack, free=free), action
+
+
+def _read(x, i):
+    """``x[i]`` with ``i`` clamped into range."""
+    return lax.dynamic_index_in_dim(x, jnp.clip(i, 0, x.shape[0] - 1), 0, keepdims=False)
+
+
+def _write(x, i, v, pred):
+    """``x`` with ``x[i] = v`` where ``pred`` (``i`` clamped; in place, no copy of ``x``)."""
+    i = jnp.clip(i, 0, x.shape[0] - 1)
+    old = lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
+    return lax.dynamic_update_index_in_dim(x, jnp.where(pred, v, old), i, 0)
+
+
+def _select(pred, a, b):
+    """``a`` where ``pred`` else ``b``, leaf by leaf (pytrees of the same structure)."""
+    return tree_util.tree_map(lambda x, y: jnp.where(pred, x, y), a, b)
