@@ -2,8 +2,8 @@
 
 d/d(model) |d loss / d y0|^2 through 4000 constant Tsit5 steps of a neural ODE on a batch of 64
 initial values, SaveAt(ts=...) at 100 times: temp memory at most 2 MiB with the default schedule
-(Online(88) at 4000 steps, RecursiveCheckpointAdjoint's memory rule; measured 1.86 MiB) and with
-Online(16) (measured 1.57 MiB), and independent of the number of steps (slow: 1000 vs 4000, and
+(Online(88) at 4000 steps, RecursiveCheckpointAdjoint's memory rule; measured 1.80 MiB) and with
+Online(16) (measured 1.48 MiB), and independent of the number of steps (slow: 1000 vs 4000, and
 DirectAdjoint's figure, which grows with the steps).
 """
 
