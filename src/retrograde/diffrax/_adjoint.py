@@ -172,7 +172,10 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
 
     Requires ``diffeqsolve(..., max_steps=int)`` (the default 4096 is fine: memory does not
     depend on it). Runge-Kutta stage loops run as bounded ``lax.scan`` loops (``scan_kind=
-    "bounded"``, as ``DirectAdjoint`` does) unless the solver sets ``scan_kind`` itself;
+    "bounded"``, as ``DirectAdjoint`` does) wherever the step is transformed (``jvp``, second
+    and higher order), and as diffrax's faster checkpointed loops wherever a step or its VJP is
+    only executed (the forward pass, recomputation, first-order reverse sweeps; see
+    ``while_loop``'s ``first_order_body_fun``), unless the solver sets ``scan_kind`` itself;
     ``SaveAt(ts=...)`` save loops run the saves a step makes, then evaluate the saved values in
     one vectorised pass (see ``bounded_while_loop``).
 
