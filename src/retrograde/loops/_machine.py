@@ -124,11 +124,12 @@ def init_state(n_slots: int, segments_start, segment_slots, n_segments, n_steps,
 def step(st):
     """Emit one action. Returns ``(new_state, (op, a, b))``; ``op = NOP`` when nothing to do."""
     phase = st["phase"]
+    top = _read(st["stack"], st["sp"])  # the task ``pop`` takes
+    last_free = _read(st["free"], st["fp"] - 1)  # the slot ``store`` takes
 
     def pop(st):
         done = st["sp"] < 0
-        row = st["stack"][jnp.maximum(st["sp"], 0)]
-        kind, a, b, slot = row[0], row[1], row[2], row[3]
+        kind, a, b, slot = top[0], top[1], top[2], top[3]
         is_free = (kind == T_FREE) & ~done
         # A freed slot goes back to the pool (written by ``step``).
         fp = st["fp"] + is_free.astype(i32)
@@ -180,7 +181,7 @@ def step(st):
         return new, (i32(RECORD), st["m"], i32(0))
 
     def store_new(st):
-        slot = _read(st["free"], st["fp"] - 1)
+        slot = last_free
         fp = st["fp"] - 1
         sp = st["sp"]
         # Pushes the right part and the release of its slot (written by ``step``); the left part
@@ -225,14 +226,12 @@ def step(st):
         out = _select(phase == k, ({k2: new[k2] for k2 in regs}, action), out)
     regs, action = out
     sp, fp = st["sp"], st["fp"]
-    top = _read(st["stack"], sp)
     freed = (phase == P_POP) & (sp >= 0) & (top[0] == T_FREE)
     free = _write(st["free"], fp, top[3], freed)
     pushed = (phase == P_STORE) & (st["m"] != st["b"] - 1)
-    slot = _read(st["free"], fp - 1)
     stack = _write(st["stack"], sp + 1,
                    jnp.stack([i32(T_SEGMENT), st["a"], st["m"], st["slot_a"]]), pushed)
-    stack = _write(stack, sp + 2, jnp.stack([i32(T_FREE), st["m"], st["m"], slot]), pushed)
+    stack = _write(stack, sp + 2, jnp.stack([i32(T_FREE), st["m"], st["m"], last_free]), pushed)
     return dict(regs, stack=stack, free=free), action
 
 
