@@ -192,7 +192,7 @@ def while_loop(
 
     body0, consts_b = make_body(jax.make_jaxpr(flat_body)(*sds), len(flat), 0)
     cond0, consts_c = make_body(jax.make_jaxpr(flat_cond)(*sds), 0, len(flat))
-    fast = None
+    fast_where = None  # where the fast body's constants sit among the merged ones
     if first_order_body_fun is not None:
         if not callable(first_order_body_fun):
             raise TypeError("retrograde.while_loop: first_order_body_fun must be callable.")
@@ -202,7 +202,7 @@ def while_loop(
             return match_carry("retrograde.while_loop", "first_order_body_fun", new, tree, sds)
 
         fast0, consts_f = make_body(jax.make_jaxpr(flat_fast)(*sds), len(flat), 0)
-        fast, consts_b = _merge_consts(consts_b, consts_f)
+        fast_where, consts_b = _merge_consts(consts_b, consts_f)
     consts = [*consts_b, *consts_c]
     nb = len(consts_b)
     const_sds = [jax.ShapeDtypeStruct(core.typeof(c).shape, core.typeof(c).dtype) for c in consts]
@@ -222,9 +222,10 @@ def while_loop(
         return jax.make_jaxpr(masked)(*const_sds, *sds)
 
     stored = _buffer_mask(buffers, init_val, originals)
-    if fast is not None:
-        ff, where_f = jaxpr_as_fun(fast0.jaxpr), fast
-        fast = where_going(lambda c, k: ff(*[c[j] for j in where_f], *k))
+    fast = None
+    if fast_where is not None:
+        ff = jaxpr_as_fun(fast0.jaxpr)
+        fast = where_going(lambda c, k: ff(*[c[j] for j in fast_where], *k))
     body = Body(where_going(lambda c, k: fb(*c[:nb0], *k)), len(consts), len(flat), 0,
                 stored=stored, fast=fast)
     if not all(stored):
