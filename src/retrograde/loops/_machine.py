@@ -125,14 +125,15 @@ def step(st):
     """Emit one action. Returns ``(new_state, (op, a, b))``; ``op = NOP`` when nothing to do."""
     phase = st["phase"]
     top = _read(st["stack"], st["sp"])  # the task ``pop`` takes
+    top_frees = (st["sp"] >= 0) & (top[0] == T_FREE)  # ``pop`` returns a slot to the pool
     last_free = _read(st["free"], st["fp"] - 1)  # the slot ``store`` takes
+    store_last = st["m"] == st["b"] - 1  # ``store``'s right part is one step: nothing pushed
 
     def pop(st):
         done = st["sp"] < 0
         kind, a, b, slot = top[0], top[1], top[2], top[3]
-        is_free = (kind == T_FREE) & ~done
         # A freed slot goes back to the pool (written by ``step``).
-        fp = st["fp"] + is_free.astype(i32)
+        fp = st["fp"] + top_frees.astype(i32)
         # A segment task takes every free slot plus its own.
         seg = (kind == T_SEGMENT) & ~done
         at_hand = st["first"]
@@ -173,8 +174,7 @@ def step(st):
 
     def store(st):
         # The right part is one step: record it without a snapshot (as the Python generator).
-        last = st["m"] == st["b"] - 1
-        return _select(last, record_last(st), store_new(st))
+        return _select(store_last, record_last(st), store_new(st))
 
     def record_last(st):
         new = dict(st, b=st["m"], at_hand=jnp.bool_(False), phase=i32(P_TASK))
@@ -226,9 +226,8 @@ def step(st):
         out = _select(phase == k, ({k2: new[k2] for k2 in regs}, action), out)
     regs, action = out
     sp, fp = st["sp"], st["fp"]
-    freed = (phase == P_POP) & (sp >= 0) & (top[0] == T_FREE)
-    free = _write(st["free"], fp, top[3], freed)
-    pushed = (phase == P_STORE) & (st["m"] != st["b"] - 1)
+    free = _write(st["free"], fp, top[3], (phase == P_POP) & top_frees)
+    pushed = (phase == P_STORE) & ~store_last
     stack = _write(st["stack"], sp + 1,
                    jnp.stack([i32(T_SEGMENT), st["a"], st["m"], st["slot_a"]]), pushed)
     stack = _write(stack, sp + 2, jnp.stack([i32(T_FREE), st["m"], st["m"], last_free]), pushed)
