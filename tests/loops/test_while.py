@@ -80,6 +80,61 @@ def test_vmap_batched_predicate():
     close(jax.grad(lambda t: jnp.sum(jax.vmap(g)(t)))(th), jax.vmap(jax.grad(gref))(th), 1e-10)
 
 
+def test_predicate_runs_once_per_forward_step():
+    """Unbatched, the step runs without its guard: the predicate is evaluated only by the forward
+    loop (N + 1 times), never by recomputation or the reverse sweep."""
+    calls = [0]
+
+    def pred(st):
+        jax.debug.callback(lambda: calls.__setitem__(0, calls[0] + 1))
+        return st[0] < N
+
+    def f(theta):
+        _, u = retrograde.while_loop(pred, lambda st: (st[0] + 1, st[1] * jnp.cos(theta * st[1])),
+                                     (0, jnp.ones(2)), schedule=Online(3))
+        return jnp.sum(u)
+
+    g = jax.jit(jax.grad(f))
+    g(0.3).block_until_ready()
+    calls[0] = 0
+    g(0.3).block_until_ready()
+    jax.effects_barrier()
+    assert calls[0] == N + 1
+
+
+def test_vmap_batched_predicate_with_first_order_body():
+    """Batch elements that stop early are left alone by the fast body too."""
+    def run(step):
+        def g(theta):
+            return retrograde.while_loop(lambda u: u < 10.0, step(theta), 1.0, schedule=Online(3),
+                                         first_order_body_fun=step(theta))
+        return g
+
+    plain = run(lambda theta: lambda u: u * (1 + theta))
+    fast = run(lambda theta: lambda u: _kick_scale(u, theta))
+    th = jnp.array([0.1, 0.3, 0.7])
+    want = jax.vmap(jax.grad(plain))(th)
+    close(jax.vmap(jax.grad(fast))(th), want, 1e-12)
+    close(jax.grad(lambda t: jnp.sum(jax.vmap(fast)(t)))(th), want, 1e-12)
+
+
+@jax.custom_vjp
+def _kick_scale(u, theta):
+    return u * (1 + theta)
+
+
+def _kick_scale_fwd(u, theta):
+    return u * (1 + theta), (u, theta)
+
+
+def _kick_scale_bwd(res, g):
+    u, theta = res
+    return g * (1 + theta), g * u
+
+
+_kick_scale.defvjp(_kick_scale_fwd, _kick_scale_bwd)
+
+
 def test_max_steps_caps_the_loop():
     out = retrograde.while_loop(lambda s: True, lambda s: s + 1.0, 0.0, max_steps=7)
     assert float(out) == 7.0

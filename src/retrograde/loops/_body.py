@@ -51,18 +51,27 @@ class Body:
     used wherever the step or its VJP is *executed* (``__call__``), never where the body is
     transformed (:func:`jvp_body` builds from ``jaxpr``): e.g. the same step with an inner loop
     whose reverse mode is a ``custom_vjp``, quicker to reverse but not differentiable twice.
+
+    ``guard``, if given, is a closed jaxpr ``(consts, carry) -> [bool]`` (a while loop's predicate):
+    then ``jaxpr`` is the guarded step ``where(guard(z), step(z), z)`` and ``fast`` the unguarded
+    step. The two agree on every step a loop executes unbatched (the loop runs, and its reversal
+    replays, only steps whose predicate held), so execution skips the guard; :func:`batch_body`
+    puts it back into ``fast`` (batch elements may have stopped before the others).
     """
 
     __slots__ = (
-        "jaxpr", "nc", "nk", "nx", "ny", "parent", "masks", "stored", "fast", "_jvp_cache",
+        "jaxpr", "nc", "nk", "nx", "ny", "parent", "masks", "stored", "fast", "guard", "_jvp_cache",
         "_batch_cache", "__weakref__",
     )
 
     def __init__(self, jaxpr, nc: int, nk: int, nx: int, parent: Body | None = None,
                  masks: tuple[Mask, Mask, Mask, Mask] | None = None,
-                 stored: Mask | None = None, fast=None):
+                 stored: Mask | None = None, fast=None, guard=None):
+        if guard is not None and fast is None:
+            raise ValueError("Body: a guard needs the unguarded step as fast.")
         self.jaxpr = jaxpr
         self.fast = fast
+        self.guard = guard
         self.nc, self.nk, self.nx = nc, nk, nx
         self.ny = len(jaxpr.out_avals) - nk
         self.parent = parent
@@ -199,7 +208,24 @@ def batch_body(body: Body, size: int) -> Body:
 
     parent = batch_body(body.parent, size) if body.parent is not None else None
     fast = batched(body.fast) if body.fast is not None else None
+    if body.guard is not None:
+        fast = _guarded(fast, batched(body.guard), body.nc, body.nk)
     child = Body(batched(body.jaxpr), body.nc, body.nk, body.nx, parent=parent, masks=body.masks,
                  stored=body.stored, fast=fast)
     body._batch_cache[size] = child
     return child
+
+
+def _guarded(step, guard, nc: int, nk: int):
+    """``where(guard(z), step(z), z)`` on the carry, for a batched step and guard (a boolean
+    per batch element, broadcast over each leaf's trailing axes)."""
+    run_step, run_guard = jex_core.jaxpr_as_fun(step), jex_core.jaxpr_as_fun(guard)
+
+    def fun(*args):
+        (ok,) = run_guard(*args[: nc + nk])
+        out = run_step(*args)
+        kept = [jax.numpy.where(ok.reshape(ok.shape + (1,) * (o.ndim - ok.ndim)), n, o)
+                for n, o in zip(out[:nk], args[nc : nc + nk])]
+        return [*kept, *out[nk:]]
+
+    return jax.make_jaxpr(fun)(*[_sds(a) for a in step.in_avals])

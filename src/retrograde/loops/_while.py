@@ -10,8 +10,9 @@ treat ``N`` as fixed (it is piecewise constant in the inputs).
 The step is ``where(pred(u), body(u), u)``: the body itself while the loop runs, and the identity
 for elements of a batch (under ``vmap`` with a batched predicate) that stopped before the others,
 which run on until every element is done. Tangent and adjoint replay this step, so batching needs
-no special case beyond "continue while any element continues". The predicate is thus evaluated
-twice per forward step.
+no special case beyond "continue while any element continues". Unbatched, every step the loop runs
+or replays is one whose predicate held, so execution skips the guard (``Body.guard``): the
+predicate is evaluated once per forward step and never in the reverse sweep.
 """
 
 from __future__ import annotations
@@ -221,18 +222,29 @@ def while_loop(
 
         return jax.make_jaxpr(masked)(*const_sds, *sds)
 
-    stored = _buffer_mask(buffers, init_val, originals)
-    fast = None
+    def unguarded(step):
+        return jax.make_jaxpr(lambda *a: step(a[:nb], a[len(consts):]))(*const_sds, *sds)
+
+    def general(c, k):
+        return fb(*c[:nb0], *k)
+
+    step = general
     if fast_where is not None:
         ff = jaxpr_as_fun(fast0.jaxpr)
-        fast = where_going(lambda c, k: ff(*[c[j] for j in fast_where], *k))
-    body = Body(where_going(lambda c, k: fb(*c[:nb0], *k)), len(consts), len(flat), 0,
-                stored=stored, fast=fast)
-    if not all(stored):
-        check_write_only(body)
+
+        def step(c, k):
+            return ff(*[c[j] for j in fast_where], *k)
+
+    stored = _buffer_mask(buffers, init_val, originals)
     cond = Body(
         jax.make_jaxpr(lambda *a: fc(*a[nb:]))(*const_sds, *sds), len(consts), 0, len(flat)
     )
+    # Executed unbatched, the loop only runs (and its reversal only replays) steps whose
+    # predicate held, so it runs the step without the guard (``Body.guard``).
+    body = Body(where_going(general), len(consts), len(flat), 0, stored=stored,
+                fast=unguarded(step), guard=cond.jaxpr)
+    if not all(stored):
+        check_write_only(body)
     outs = wfwd_p.bind(
         *consts, *flat, body=body, cond=cond, schedule=schedule, max_steps=max_steps, save=False
     )
