@@ -35,7 +35,7 @@ def machine_rows(n, starts, slots, n_seg):
     buf = jnp.full((CAPACITY, 3), -1, jnp.int32)
 
     def go(c):
-        return (c[0]["phase"] != M.P_DONE) & (c[2] < CAPACITY) & (c[3] < 4 * CAPACITY)
+        return (M.phase(c[0]) != M.P_DONE) & (c[2] < CAPACITY) & (c[3] < 4 * CAPACITY)
 
     def one(c):
         st, buf, i, it = c

@@ -19,6 +19,7 @@ from jax import lax
 
 from ._body import Body, is_float
 from ._machine import P_DONE, init_state
+from ._machine import phase as machine_phase
 from ._machine import step as machine_step
 from ._placement import store_slot
 from ._plan import ADVANCE, RECORD, RESTORE, STORE, Plan
@@ -321,7 +322,7 @@ def adjoint_while(body: Body, n_slots: int, n_steps, consts, carry0, ck, carry_b
 
         def pending(s):
             m, (op, _, _), _, _ = s
-            return (op != RECORD) & (m["phase"] != P_DONE)
+            return (op != RECORD) & (machine_phase(m) != P_DONE)
 
         def move(s):
             m, (op, a, b), cur, slots = s

@@ -116,13 +116,40 @@ def init_state(n_slots: int, segments_start, segment_slots, n_segments, n_steps,
         adv=jnp.bool_(False), m=i32(0),
         phase=i32(P_POP), sp=(2 * n_segments - 2).astype(i32),
         stack=stack, free=free, fp=n_free.astype(i32),
-        first=jnp.bool_(first_at_hand),
+        first=jnp.asarray(first_at_hand, bool),
     )
-    return regs
+    return _pack(regs)
+
+
+# The scalar registers travel packed in one int32 vector: a loop carrying the machine then copies
+# and selects one small array per action instead of a dozen scalars (each its own XLA thunk).
+REGISTERS = ("a", "b", "s", "slot_a", "at_hand", "k", "adv", "m", "phase", "sp", "fp", "first")
+_FLAGS = ("at_hand", "adv", "first")
+
+
+def _pack(st):
+    regs = jnp.stack([jnp.asarray(st[k]).astype(i32) for k in REGISTERS])
+    return dict(regs=regs, stack=st["stack"], free=st["free"])
+
+
+def _unpack(st):
+    regs = {k: st["regs"][i] for i, k in enumerate(REGISTERS)}
+    regs.update({k: regs[k] != 0 for k in _FLAGS})
+    return dict(regs, stack=st["stack"], free=st["free"])
+
+
+def phase(st):
+    """The machine's phase (``P_DONE`` once the reversal is complete)."""
+    return st["regs"][REGISTERS.index("phase")]
 
 
 def step(st):
     """Emit one action. Returns ``(new_state, (op, a, b))``; ``op = NOP`` when nothing to do."""
+    st, action = _step(_unpack(st))
+    return _pack(st), action
+
+
+def _step(st):
     phase = st["phase"]
     top = _read(st["stack"], st["sp"])  # the task ``pop`` takes
     top_frees = (st["sp"] >= 0) & (top[0] == T_FREE)  # ``pop`` returns a slot to the pool
