@@ -58,12 +58,24 @@ def test_machine_reproduces_revolve(s):
         assert got == python_rows(n, s), (n, s)
 
 
-@pytest.mark.parametrize("s", [1, 2, 4, 8])
-def test_placement_matches_online_rule(s):
+@pytest.mark.parametrize("s, steps", [(1, 250), (2, 250), (4, 250), (8, 250), (40, 700)])
+def test_placement_matches_online_rule(s, steps):
     rule = jax.jit(lambda n, h: store_slot(n, h, s))
     held = [-1] * s
-    for n in range(250):
+    for n in range(steps):
         want = online_store_slot(n, held, s)
         assert int(rule(n, jnp.asarray(held, jnp.int32))) == want, (n, held)
         if want >= 0:
             held[want] = n
+
+
+def test_optimum_elementwise_matches_closed_form():
+    """The vectorised in-graph Revolve optimum, against the Python closed form (saturating)."""
+    from retrograde.loops._placement import COST_CAP, optimum
+    from retrograde.schedules import revolve_optimum
+
+    pairs = [(n, s) for n in (0, 1, 2, 3, 7, 50, 400, 5000, 46341, 46342, 10**6) for s in (1, 2, 3, 9, 40, 90)]
+    ns, ss = (jnp.asarray(v, jnp.int32) for v in zip(*pairs))
+    got = np.asarray(jax.jit(optimum)(ns, ss))
+    want = [min(revolve_optimum(n, s), COST_CAP) for n, s in pairs]
+    assert got.tolist() == want

@@ -8,37 +8,43 @@ the slot to overwrite with ``u_n``, or ``-1``. Integer arithmetic in int32; cost
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._machine import repetition
+from ._machine import _next_beta, repetition
 
 i32 = jnp.int32
 COST_CAP = 1 << 30
 
 
 def optimum(n, s):
-    """``t(n, s)``, the Revolve optimum, for int32 scalars (saturating)."""
-    n = n.astype(i32)
-    s = s.astype(i32)
+    """``t(n, s)``, the Revolve optimum, elementwise for int32 arrays of the same shape
+    (saturating). One loop over the repetition number, shared by all elements (so it runs as
+    many times as the largest ``r(n, s)``); ``s == 1`` and ``n <= 1`` take no iterations."""
+    n = jnp.asarray(n, i32)
+    s = jnp.asarray(s, i32)
+    easy = (s == 1) | (n <= 1)
+    goal = jnp.where(easy, 1, n)
 
-    def general(_):
-        # Under vmap the conds below become selects and this branch also runs for s == 1 (and
-        # n <= 1), where repetition(n, 1) would loop n times for a value that is discarded.
-        r, b = repetition(jnp.where((s == 1) | (n <= 1), 1, n), s)
-        # C(s + r, s + 1) = beta(s, r) * r / (s + 1), computed without overflow.
-        c = (b // (s + 1)) * r + ((b % (s + 1)) * r) // (s + 1)
-        return jnp.minimum(r * n - c, COST_CAP)
+    def cond(st):
+        _, b = st
+        return jnp.any(b < goal)
 
-    def one(_):
-        big = n > 46340
-        return jnp.where(big, COST_CAP, (n * (n - 1)) // 2)
+    def body(st):
+        r, b = st
+        go = b < goal
+        r = r + go.astype(i32)
+        return r, jnp.where(go, _next_beta(b, s, jnp.maximum(r, 1)), b)
 
-    return lax.cond(n <= 1, lambda _: i32(0), lambda _: lax.cond(s == 1, one, general, None), None)
-
-
-_optimum_v = jax.vmap(optimum)
+    # r(n, s) and beta(s, r) as in ``repetition``, for every element at once.
+    r, b = lax.while_loop(cond, body, (jnp.zeros_like(n), jnp.ones_like(n)))
+    # C(s + r, s + 1) = beta(s, r) * r / (s + 1), computed without overflow.
+    c = (b // (s + 1)) * r + ((b % (s + 1)) * r) // (s + 1)
+    general = jnp.minimum(r * n - c, COST_CAP)
+    # n (n - 1) / 2 with the even factor halved first (no int32 overflow below the cap).
+    half = jnp.where(n % 2 == 0, (n // 2) * (n - 1), n * ((n - 1) // 2))
+    one = jnp.where(n > 46341, COST_CAP, jnp.minimum(half, COST_CAP))
+    return jnp.where(n <= 1, 0, jnp.where(s == 1, one, general)).astype(i32)
 
 
 def targets(n, s: int):
@@ -64,21 +70,24 @@ def store_slot(n, held, s: int):
         return jnp.where(empty[0], i32(0), i32(-1))
 
     def full(_):
-        order = jnp.argsort(held).astype(i32)
-        h = held[order]
+        h = jnp.sort(held)  # the held steps in order (distinct once every slot is full)
         h_ext = jnp.concatenate([h, n[None]])
         tg = targets(n, s)
         idx = jnp.arange(s, dtype=i32)
+        j = jnp.arange(1, s, dtype=i32)
         lengths = h_ext[1:] - h_ext[:-1]  # segment i = [h[i], h[i+1]), i = 0..s-1
-        a = _optimum_v(lengths, s - idx)
-        b = _optimum_v(lengths, s - idx + 1)  # one slot more
+        # Every optimum the rule compares, in one evaluation: each segment with its own slots
+        # (a) and with one more (b), each pair of segments merged (dropping h[j]), and the last
+        # segment extended by u_n with one slot (keeping every snapshot).
+        spans = [lengths, lengths, h_ext[j + 1] - h_ext[j - 1], (n + 1 - h[s - 1])[None]]
+        slots = [s - idx, s - idx + 1, s - j + 1, jnp.ones((1,), i32)]
+        costs = optimum(jnp.concatenate(spans), jnp.concatenate(slots))
+        a, b, merged, last = costs[:s], costs[s : 2 * s], costs[2 * s : 3 * s - 1], costs[-1]
         b = jnp.where(idx >= 1, b, 0)
         # b_suffix[i] = sum_{k >= i} b[k]; prefix[j] = sum(a[:j-1]).
         b_suffix = jnp.concatenate([jnp.cumsum(b[::-1])[::-1], jnp.zeros((1,), i32)])
         a_cum = jnp.concatenate([jnp.zeros((1,), i32), jnp.cumsum(a)])
-        j = jnp.arange(1, s, dtype=i32)
         prefix = a_cum[j - 1]
-        merged = _optimum_v(h_ext[j + 1] - h_ext[j - 1], s - j + 1)
         cost = prefix + merged + b_suffix[j + 1]
         protected = jnp.any(h[j][:, None] == tg[None, :], axis=1)
         cost = jnp.where(protected, jnp.iinfo(jnp.int32).max, cost)
@@ -86,8 +95,9 @@ def store_slot(n, held, s: int):
         best = cost[best_j]
         any_candidate = ~jnp.all(protected)
         n_is_target = jnp.any(tg == n)
-        keep = a_cum[s - 1] + optimum(n + 1 - h[s - 1], i32(1))
+        keep = a_cum[s - 1] + last
         ok = any_candidate & (n_is_target | (best < keep))
-        return jnp.where(ok, order[best_j + 1], i32(-1))
+        # The slot holding the dropped step h[best_j + 1] (a sort, not an argsort: much cheaper).
+        return jnp.where(ok, jnp.argmax(held == h[best_j + 1]).astype(i32), i32(-1))
 
     return lax.cond(jnp.any(empty), lambda _: first_empty, full, None)
