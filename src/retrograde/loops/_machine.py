@@ -152,21 +152,27 @@ def step(st):
 def _step(st):
     phase = st["phase"]
     top = _read(st["stack"], st["sp"])  # the task ``pop`` takes
+    below = _read(st["stack"], st["sp"] - 1)  # the segment under a slot release
     top_frees = (st["sp"] >= 0) & (top[0] == T_FREE)  # ``pop`` returns a slot to the pool
     last_free = _read(st["free"], st["fp"] - 1)  # the slot ``store`` takes
     store_last = st["m"] == st["b"] - 1  # ``store``'s right part is one step: nothing pushed
 
     def pop(st):
-        done = st["sp"] < 0
-        kind, a, b, slot = top[0], top[1], top[2], top[3]
+        # A slot release is always directly above a segment task (both are pushed together, and
+        # ``init_state`` lays them so): the release and that segment are popped in one step.
+        sp = st["sp"]
+        done = sp < 0
+        task = jnp.where(top_frees, below, top)
+        kind, a, b, slot = task[0], task[1], task[2], task[3]
         # A freed slot goes back to the pool (written by ``step``).
         fp = st["fp"] + top_frees.astype(i32)
         # A segment task takes every free slot plus its own.
-        seg = (kind == T_SEGMENT) & ~done
+        seg = (kind == T_SEGMENT) & ~done & (~top_frees | (sp >= 1))
+        sp = sp - jnp.where(done, 0, jnp.where(top_frees, 2, 1))
         at_hand = st["first"]
         new = dict(
-            st, fp=fp, sp=st["sp"] - (~done).astype(i32),
-            phase=jnp.where(done, P_DONE, jnp.where(seg, P_TASK, P_POP)).astype(i32),
+            st, fp=fp, sp=sp,
+            phase=jnp.where(seg, P_TASK, jnp.where(sp < 0, P_DONE, P_POP)).astype(i32),
             a=jnp.where(seg, a, st["a"]), b=jnp.where(seg, b, st["b"]),
             slot_a=jnp.where(seg, slot, st["slot_a"]),
             s=jnp.where(seg, fp + 1, st["s"]),
