@@ -33,19 +33,6 @@ def _put(buffers, values, n):
     return [lax.dynamic_update_index_in_dim(b, v, n, 0) for b, v in zip(buffers, values)]
 
 
-def _put_if(pred, buffers, values, n):
-    """``_put`` where ``pred``, else the buffers unchanged: row ``n`` is rewritten with its own
-    value (in place, one row read and written, no conditional: a conditional around the slots
-    costs a thunk boundary per step and keeps XLA from overlapping it with the step)."""
-    n = jnp.clip(n, 0, buffers[0].shape[0] - 1) if buffers else n
-    return [
-        lax.dynamic_update_index_in_dim(
-            b, jnp.where(pred, v, lax.dynamic_index_in_dim(b, n, 0, keepdims=False)), n, 0
-        )
-        for b, v in zip(buffers, values)
-    ]
-
-
 def _zeros(avals, lead=()):
     return [jnp.zeros(lead + tuple(a.shape), a.dtype) for a in avals]
 
@@ -304,7 +291,7 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
 
 def _place(n, snap, slots, held, n_slots):
     k = store_slot(n, held, n_slots)
-    slots = _put_if(k >= 0, slots, snap, k)
+    slots = lax.cond(k >= 0, lambda s: _put(s, snap, k), lambda s: list(s), slots)
     held = jnp.where(k >= 0, held.at[jnp.maximum(k, 0)].set(n), held)
     return slots, held
 
