@@ -209,20 +209,22 @@ def batch_body(body: Body, size: int) -> Body:
     parent = batch_body(body.parent, size) if body.parent is not None else None
     fast = batched(body.fast) if body.fast is not None else None
     if body.guard is not None:
-        fast = _guarded(fast, batched(body.guard), body.nc, body.nk)
+        fast = guarded(fast, batched(body.guard), body.nc, body.nk)
     child = Body(batched(body.jaxpr), body.nc, body.nk, body.nx, parent=parent, masks=body.masks,
                  stored=body.stored, fast=fast)
     body._batch_cache[size] = child
     return child
 
 
-def _guarded(step, guard, nc: int, nk: int):
-    """``where(guard(z), step(z), z)`` on the carry, for a batched step and guard (a boolean
-    per batch element, broadcast over each leaf's trailing axes)."""
+def guarded(step, guard, nc: int, nk: int):
+    """The closed jaxpr ``where(guard(z), step(z), z)`` on the carry, for closed jaxprs ``step``
+    ``(consts, carry, x) -> (carry, y)`` and ``guard`` ``(consts, carry) -> [bool]``. The guard is a
+    scalar, or one boolean per batch element (broadcast over each leaf's trailing axes)."""
     run_step, run_guard = jex_core.jaxpr_as_fun(step), jex_core.jaxpr_as_fun(guard)
 
     def fun(*args):
         (ok,) = run_guard(*args[: nc + nk])
+        ok = jax.numpy.asarray(ok)  # a constant predicate comes back as a Python bool
         out = run_step(*args)
         kept = [jax.numpy.where(ok.reshape(ok.shape + (1,) * (o.ndim - ok.ndim)), n, o)
                 for n, o in zip(out[:nk], args[nc : nc + nk])]

@@ -29,7 +29,7 @@ from jax.extend.core import Primitive, jaxpr_as_fun
 
 from ..schedules import Online, Schedule
 from ..schedules._base import check_steps
-from ._body import Body, batch_body, make_body, split
+from ._body import Body, batch_body, guarded, make_body, split
 from ._carry import leaf_array, match_carry
 from ._execute import forward_while
 from ._primitives import _ck_avals, _to_axis, _zero, apply_tangent
@@ -210,18 +210,6 @@ def while_loop(
     fb, fc = jaxpr_as_fun(body0.jaxpr), jaxpr_as_fun(cond0.jaxpr)
     nb0 = len(body0.const_avals)
 
-    def where_going(step):
-        def masked(*a):
-            # where(pred, body(u), u): the same as body(u) before the loop stops, and the identity
-            # for batch elements that stopped earlier than others (under vmap). Tangent and
-            # adjoint replay this body for the N steps, so a batched predicate needs no special
-            # case there.
-            (ok,) = fc(*a[nb:])
-            new = step(a[:nb], a[len(consts):])
-            return [jnp.where(ok, n, o) for n, o in zip(new, a[len(consts):])]
-
-        return jax.make_jaxpr(masked)(*const_sds, *sds)
-
     def unguarded(step):
         return jax.make_jaxpr(lambda *a: step(a[:nb], a[len(consts):]))(*const_sds, *sds)
 
@@ -239,10 +227,15 @@ def while_loop(
     cond = Body(
         jax.make_jaxpr(lambda *a: fc(*a[nb:]))(*const_sds, *sds), len(consts), 0, len(flat)
     )
-    # Executed unbatched, the loop only runs (and its reversal only replays) steps whose
-    # predicate held, so it runs the step without the guard (``Body.guard``).
-    body = Body(where_going(general), len(consts), len(flat), 0, stored=stored,
-                fast=unguarded(step), guard=cond.jaxpr)
+    # where(pred(u), body(u), u): the same as body(u) before the loop stops, and the identity for
+    # batch elements that stopped earlier than others (under vmap). Tangent and adjoint replay
+    # this body for the N steps, so a batched predicate needs no special case there. Executed
+    # unbatched, the loop only runs (and its reversal only replays) steps whose predicate held,
+    # so it runs the step without the guard (``Body.guard``).
+    plain = unguarded(general)
+    body = Body(guarded(plain, cond.jaxpr, len(consts), len(flat)), len(consts), len(flat), 0,
+                stored=stored, fast=plain if step is general else unguarded(step),
+                guard=cond.jaxpr)
     if not all(stored):
         check_write_only(body)
     outs = wfwd_p.bind(
