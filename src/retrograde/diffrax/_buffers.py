@@ -7,6 +7,10 @@ that stores buffers once (not in every snapshot) must never see. :class:`WriteOn
 array for the duration of one step and turns every write into a pure scatter:
 ``buf.at[where(p, i, len(buf))].set(x, mode="drop")`` -- a false predicate writes out of bounds
 and is dropped, so nothing is read. The loops themselves only ever see plain arrays.
+
+Every such write is a :func:`~retrograde.diffrax._write_once.write_once`: diffrax writes each row
+of a save buffer at most once, into a buffer that starts constant, so the reverse pass reads each
+row's cotangent and leaves the buffer's cotangent alone (no O(buffer) zeroing per step).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from equinox.internal._loop.common import _Buffer  # diffrax dispatches on this type
+
+from ._write_once import write_once
 
 __all__ = ["WriteOnly", "bounded_while_loop", "is_write_only", "unwrap", "wrap"]
 
@@ -54,7 +60,7 @@ def _write(array, item, x, pred, kwargs):
     if pred is not True:
         i = jnp.where(jnp.asarray(pred), i, jnp.asarray(array.shape[0], i.dtype))
     x = jnp.broadcast_to(jnp.asarray(x, array.dtype), array.shape[1:])
-    return array.at[i].set(x, mode="drop", unique_indices=True)
+    return write_once(array, i.astype(jnp.int32)[None], x[None])
 
 
 class WriteOnly(_Buffer):
@@ -312,7 +318,7 @@ class _Loop:
             p = self.outer_pred[k]
             if p is not True:
                 idx = jnp.where(p, idx, self.out_of_bounds(b))
-            out[k] = b.at[idx].set(vals, mode="drop", unique_indices=True)
+            out[k] = write_once(b, idx, vals)
         out = [wrap(v, self.outer_pred[k]) if self.was_wrapped[k] else v for k, v in enumerate(out)]
         return jtu.tree_unflatten(self.treedef, out)
 

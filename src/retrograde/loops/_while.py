@@ -290,8 +290,10 @@ def check_write_only(body: Body) -> None:
     """Raise ``ValueError`` if the step reads a buffer leaf (``body.stored`` False).
 
     Allowed: a buffer's value flows only into the operand of ``dynamic_update_slice``/``scatter``
-    (a write at an index), the cases (not the predicate) of ``select_n``, copies, nested ``jit``
-    calls obeying the same rules, and the buffer's own output. Nothing else may depend on it.
+    (a write at an index), the operands a primitive lists in its ``buffer_operands`` attribute
+    (a write primitive, such as ``retrograde.diffrax``'s ``write_once``), the cases (not the
+    predicate) of ``select_n``, copies, nested ``jit`` calls obeying the same rules, and the
+    buffer's own output. Nothing else may depend on it.
     """
     jaxpr = body.jaxpr.jaxpr
     carry_in = jaxpr.invars[body.nc : body.nc + body.nk]
@@ -328,7 +330,7 @@ def _propagate(jaxpr, tainted: dict) -> list:
                 if k is not None:
                     tainted[o] = k
             continue
-        allowed = _WRITE_OPS.get(name, ())
+        allowed = _WRITE_OPS.get(name, getattr(eqn.primitive, "buffer_operands", ()))
         for i, k in hits:
             if name == "select_n":
                 if i == 0:
