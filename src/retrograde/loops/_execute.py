@@ -333,7 +333,10 @@ def adjoint_while(body: Body, n_slots: int, n_steps, consts, carry0, ck, carry_b
         def one_record(_, state):
             m, action, cur, slots, kbar, cbar = state
             m, action, cur, slots = lax.while_loop(pending, move, (m, action, cur, slots))
-            kbar, cbar, _ = rev.record(action[1], cur, kbar, cbar, [])
+            # A record with b > 0 takes its state from slot b - 1 (restore and record at once).
+            _, a, b = action
+            cur = lax.cond(b > 0, lambda c: _slice(slots, b - 1), lambda c: list(c), cur)
+            kbar, cbar, _ = rev.record(a, cur, kbar, cbar, [])
             m, action = machine_step(m)
             return m, action, cur, slots, kbar, cbar
 

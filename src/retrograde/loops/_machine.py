@@ -144,7 +144,10 @@ def phase(st):
 
 
 def step(st):
-    """Emit one action. Returns ``(new_state, (op, a, b))``; ``op = NOP`` when nothing to do."""
+    """Emit one action. Returns ``(new_state, (op, a, b))``; ``op = NOP`` when nothing to do.
+
+    ``(RECORD, a, b)`` records step ``a`` from the state at hand (``b == 0``) or from slot
+    ``b - 1`` (a restore and a record in one action)."""
     st, action = _step(_unpack(st))
     return _pack(st), action
 
@@ -191,10 +194,17 @@ def _step(st):
         trivial = restore | one | s1 | (st["phase"] != P_TASK)
         j = lax.cond(trivial, lambda: i32(1), lambda: split(n, jnp.maximum(s, 2)))
         m = a + j
+        # A one-step task whose state is in a slot records it from there in one action
+        # (RECORD with b = slot + 1) instead of a RESTORE followed by a RECORD.
+        restore = restore & ~one
         op = jnp.where(
             restore & ~s1, RESTORE, jnp.where(one, RECORD, jnp.where(s1, NOP, ADVANCE))
         )
-        arg_b = jnp.where(op == RESTORE, st["slot_a"], jnp.where(op == ADVANCE, m, 0))
+        from_slot = jnp.where(at_hand, 0, st["slot_a"] + 1)
+        arg_b = jnp.where(
+            op == RESTORE, st["slot_a"],
+            jnp.where(op == ADVANCE, m, jnp.where(op == RECORD, from_slot, 0)),
+        )
         phase = jnp.where(
             restore & ~s1, P_TASK,
             jnp.where(one, P_POP, jnp.where(s1, P_S1, P_STORE)),
@@ -252,11 +262,16 @@ def _step(st):
     # (Only ``task``'s ``split`` loop runs under a cond, and only in its own phase.)
     # The stack and the free list are not selected (a full copy per action) but written in place,
     # at one guarded index each: the slot that ``pop`` frees, the two rows ``store`` pushes.
+    # A pop emits nothing of its own: the segment it takes is started in the same step (the
+    # action phases then run from the popped registers).
     regs = {k: v for k, v in st.items() if k not in ("stack", "free")}
+    popped, _ = pop(st)
+    regs = _select(phase == P_POP, {k: popped[k] for k in regs}, regs)
+    start = dict(regs, stack=st["stack"], free=st["free"])
     out = done(regs)
-    for k, phase_fn in ((P_S1, s1), (P_STORE, store), (P_TASK, task), (P_POP, pop)):
-        new, action = phase_fn(st)
-        out = _select(phase == k, ({k2: new[k2] for k2 in regs}, action), out)
+    for k, phase_fn in ((P_S1, s1), (P_STORE, store), (P_TASK, task)):
+        new, action = phase_fn(start)
+        out = _select(regs["phase"] == k, ({k2: new[k2] for k2 in regs}, action), out)
     regs, action = out
     sp, fp = st["sp"], st["fp"]
     free = _write(st["free"], fp, top[3], (phase == P_POP) & top_frees)
