@@ -161,6 +161,7 @@ def _step(st):
     store_last = st["m"] == st["b"] - 1  # ``store``'s right part is one step: nothing pushed
 
     def pop(st):
+        """The registers after taking the next task off the stack (no action of its own)."""
         # A slot release is always directly above a segment task (both are pushed together, and
         # ``init_state`` lays them so): the release and that segment are popped in one step.
         sp = st["sp"]
@@ -182,7 +183,7 @@ def _step(st):
             at_hand=jnp.where(seg, at_hand, st["at_hand"]),
             first=jnp.where(seg, False, st["first"]),
         )
-        return new, (i32(NOP), i32(0), i32(0))
+        return new
 
     def task(st):
         a, b, s = st["a"], st["b"], st["s"]
@@ -265,7 +266,7 @@ def _step(st):
     # A pop emits nothing of its own: the segment it takes is started in the same step (the
     # action phases then run from the popped registers).
     regs = {k: v for k, v in st.items() if k not in ("stack", "free")}
-    popped, _ = pop(st)
+    popped = pop(st)
     regs = _select(phase == P_POP, {k: popped[k] for k in regs}, regs)
     start = dict(regs, stack=st["stack"], free=st["free"])
     out = done(regs)
