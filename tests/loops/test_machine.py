@@ -79,6 +79,25 @@ def test_optimum_elementwise_matches_closed_form():
 
     pairs = [(n, s) for n in (0, 1, 2, 3, 7, 50, 400, 5000, 46341, 46342, 10**6) for s in (1, 2, 3, 9, 40, 90)]
     ns, ss = (jnp.asarray(v, jnp.int32) for v in zip(*pairs))
-    got = np.asarray(jax.jit(optimum)(ns, ss))
     want = [min(revolve_optimum(n, s), COST_CAP) for n, s in pairs]
-    assert got.tolist() == want
+    # Traced slot counts: the loop over the repetition number.
+    assert np.asarray(jax.jit(optimum)(ns, ss)).tolist() == want
+    # Static slot counts (as in the placement rule): the trace-time table, falling back to the
+    # loop when a repetition number outgrows it (n = 10**6 with 2 or 3 slots).
+    s_static = np.asarray(ss)
+    assert np.asarray(jax.jit(lambda n: optimum(n, s_static))(ns)).tolist() == want
+    # The table alone, wherever it reaches (every repetition number up to 16 for s >= 8, 48
+    # below), entry by entry and between entries.
+    from retrograde.loops._placement import _optimum_table
+
+    grid = [(n, s) for s in (1, 2, 3, 5, 7) for n in range(0, 1300)] + [
+        (n, s) for s in (8, 9, 40, 90) for n in range(0, 3000)
+    ]
+    for group in ([g for g in grid if g[1] < 8], [g for g in grid if g[1] >= 8]):
+        ns, s_static = jnp.asarray([n for n, _ in group], jnp.int32), np.asarray([s for _, s in group])
+        got, fits = (np.asarray(v) for v in jax.jit(lambda n: _optimum_table(n, s_static))(ns))
+        want = np.asarray([min(revolve_optimum(n, s), COST_CAP) for n, s in group])
+        assert fits.mean() > 0.9
+        assert (got[fits] == want[fits]).all()
+        got = np.asarray(jax.jit(lambda n: optimum(n, s_static))(ns)).tolist()
+        assert got == want.tolist()

@@ -8,21 +8,72 @@ the slot to overwrite with ``u_n``, or ``-1``. Integer arithmetic in int32; cost
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from ._machine import _next_beta, repetition
+from ._machine import CAP, _next_beta, repetition
 
 i32 = jnp.int32
 COST_CAP = 1 << 30
 
 
+@functools.cache
+def _beta_table(s_max: int, r_max: int):
+    """``beta(s, r)`` for ``s = 0 .. s_max`` (rows) and ``r = 0 .. r_max`` (columns), by the same
+    saturating recurrence as the loop (built at trace time, in NumPy)."""
+    table = np.ones((s_max + 1, r_max + 1), np.int64)
+    for s in range(s_max + 1):
+        for r in range(1, r_max + 1):
+            b = min(int(table[s, r - 1]), CAP)
+            table[s, r] = min((b // r) * (s + r) + ((b % r) * (s + r)) // r, CAP)
+    table.flags.writeable = False
+    return table
+
+
 def optimum(n, s):
     """``t(n, s)``, the Revolve optimum, elementwise for int32 arrays of the same shape
-    (saturating). One loop over the repetition number, shared by all elements (so it runs as
-    many times as the largest ``r(n, s)``); ``s == 1`` and ``n <= 1`` take no iterations."""
+    (saturating).
+
+    When ``s`` is concrete (a NumPy array, as in the placement rule), ``r(n, s)`` is counted off
+    a trace-time table of ``beta(s, r)`` for ``r`` up to 16 (48 when every ``s < 8``): a
+    comparison per table entry, no loop and no division. Only if some element needs a larger
+    ``r`` does the loop run (the placement rule's segments need ``r <= 6`` for ``s >= 8`` and
+    20000 steps). With ``s`` traced: one loop over the repetition number, shared by all
+    elements (as many iterations as the largest ``r(n, s)``, each an integer division per
+    element); ``s == 1`` and ``n <= 1`` take no iterations.
+    """
     n = jnp.asarray(n, i32)
-    s = jnp.asarray(s, i32)
+    if isinstance(s, jax.core.Tracer):
+        return _optimum_loop(n, jnp.asarray(s, i32))
+    quick, fits = _optimum_table(n, np.asarray(s, np.int64))
+    return lax.cond(jnp.all(fits), lambda: quick, lambda: _optimum_loop(n, jnp.asarray(s, i32)))
+
+
+def _optimum_table(n, s_np):
+    """``(t(n, s), fits)`` from the table, for static ``s``; ``t`` is exact where ``fits``."""
+    s_max = int(s_np.max(initial=0))
+    r_max = 16 if s_max >= 8 else 48
+    # Laid out [r, element], so that the sums over r run along the major axis.
+    beta = _beta_table(s_max, r_max)[s_np]
+    chosen = (beta // (s_np[..., None] + 1)) * np.arange(r_max + 1) + (
+        (beta % (s_np[..., None] + 1)) * np.arange(r_max + 1)
+    ) // (s_np[..., None] + 1)  # C(s + r, s + 1), as the loop computes it from beta(s, r)
+    step = np.diff(chosen, axis=-1, append=chosen[..., -1:])  # chosen[r + 1] - chosen[r]
+    beta, step = (jnp.asarray(np.moveaxis(t, -1, 0).astype(np.int32)) for t in (beta, step))
+    s = jnp.asarray(s_np, i32)
+    # beta(s, r) < n exactly for r < r(n, s): so r(n, s) counts those entries, and
+    # C(s + r, s + 1) is the sum of the steps of ``chosen`` below r(n, s) (chosen[0] = 0).
+    below = beta < n
+    r = jnp.sum(below, axis=0, dtype=i32)
+    c = jnp.sum(jnp.where(below, step, 0), axis=0, dtype=i32)
+    return _finish(n, s, r, c), (s == 1) | (n <= 1) | (r <= r_max)
+
+
+def _optimum_loop(n, s):
     easy = (s == 1) | (n <= 1)
     goal = jnp.where(easy, 1, n)
 
@@ -40,6 +91,12 @@ def optimum(n, s):
     r, b = lax.while_loop(cond, body, (jnp.zeros_like(n), jnp.ones_like(n)))
     # C(s + r, s + 1) = beta(s, r) * r / (s + 1), computed without overflow.
     c = (b // (s + 1)) * r + ((b % (s + 1)) * r) // (s + 1)
+    return _finish(n, s, r, c)
+
+
+def _finish(n, s, r, c):
+    """``t(n, s)`` from ``r = r(n, s)`` and ``c = C(s + r, s + 1)`` (where ``s > 1`` and
+    ``n > 1``)."""
     general = jnp.minimum(r * n - c, COST_CAP)
     # n (n - 1) / 2 with the even factor halved first (no int32 overflow below the cap).
     half = jnp.where(n % 2 == 0, (n // 2) * (n - 1), n * ((n - 1) // 2))
@@ -80,8 +137,10 @@ def store_slot(n, held, s: int):
         # (a) and with one more (b), each pair of segments merged (dropping h[j]), and the last
         # segment extended by u_n with one slot (keeping every snapshot).
         spans = [lengths, lengths, h_ext[j + 1] - h_ext[j - 1], (n + 1 - h[s - 1])[None]]
-        slots = [s - idx, s - idx + 1, s - j + 1, jnp.ones((1,), i32)]
-        costs = optimum(jnp.concatenate(spans), jnp.concatenate(slots))
+        # Slot counts are static: optimum reads r(n, s) off a trace-time table.
+        idx_np, j_np = np.arange(s), np.arange(1, s)
+        slots = [s - idx_np, s - idx_np + 1, s - j_np + 1, np.ones(1, np.int64)]
+        costs = optimum(jnp.concatenate(spans), np.concatenate(slots))
         a, b, merged, last = costs[:s], costs[s : 2 * s], costs[2 * s : 3 * s - 1], costs[-1]
         b = jnp.where(idx >= 1, b, 0)
         # b_suffix[i] = sum_{k >= i} b[k]; prefix[j] = sum(a[:j-1]).
@@ -89,7 +148,7 @@ def store_slot(n, held, s: int):
         a_cum = jnp.concatenate([jnp.zeros((1,), i32), jnp.cumsum(a)])
         prefix = a_cum[j - 1]
         cost = prefix + merged + b_suffix[j + 1]
-        protected = jnp.any(h[j][:, None] == tg[None, :], axis=1)
+        protected = jnp.any(tg[:, None] == h[j][None, :], axis=0)  # reduced along the major axis
         cost = jnp.where(protected, jnp.iinfo(jnp.int32).max, cost)
         best_j = jnp.argmin(cost)
         best = cost[best_j]
