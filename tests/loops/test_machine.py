@@ -101,3 +101,17 @@ def test_optimum_elementwise_matches_closed_form():
         assert (got[fits] == want[fits]).all()
         got = np.asarray(jax.jit(lambda n: optimum(n, s_static))(ns)).tolist()
         assert got == want.tolist()
+
+
+@pytest.mark.parametrize("s_max", [5, 40])
+def test_split_table_matches_revolve_split(s_max):
+    """The in-graph split, table-driven (with its loop fallback for long segments), against
+    the Python rule, over every segment length up to 2000 and every slot count up to ``s_max``."""
+    from retrograde.loops._machine import split
+    from retrograde.schedules._revolve import revolve_split
+
+    cases = [(n, s) for s in range(2, s_max + 1) for n in range(2, 2001, 3 if s > 3 else 1)]
+    ns, ss = (jnp.asarray(v, jnp.int32) for v in zip(*cases))
+    got = jax.jit(jax.vmap(lambda n, s: split(n, s, s_max)))(ns, ss)
+    want = [revolve_split(n, s)[0] for n, s in cases]
+    assert np.asarray(got).tolist() == want

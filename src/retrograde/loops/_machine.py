@@ -12,7 +12,10 @@ Integers are int32; binomials saturate at ``2**24`` (the step count must stay be
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
+import numpy as np
 from jax import lax, tree_util
 
 from ._plan import ADVANCE, RECORD, RESTORE, STORE
@@ -48,8 +51,50 @@ def repetition(n, s):
     return lax.while_loop(cond, body, (i32(0), i32(1)))
 
 
-def split(n, s):
-    """In-graph :func:`retrograde.schedules._revolve.revolve_split` (returns j only)."""
+@functools.cache
+def _beta_table(s_max: int, r_max: int):
+    """``beta(s, r)`` for ``s = 0 .. s_max`` (rows) and ``r = 0 .. r_max`` (columns), by the same
+    saturating recurrence as the loop (built at trace time, in NumPy)."""
+    table = np.ones((s_max + 1, r_max + 1), np.int64)
+    for s in range(s_max + 1):
+        for r in range(1, r_max + 1):
+            b = min(int(table[s, r - 1]), CAP)
+            table[s, r] = min((b // r) * (s + r) + ((b % r) * (s + r)) // r, CAP)
+    table.flags.writeable = False
+    return table
+
+
+def _table_depth(s_max: int) -> int:
+    """How many repetition numbers the tables hold for slot counts up to ``s_max``: enough for
+    every segment of a run of 20000 steps with ``Online(s)``, ``s >= 4`` (few runs need more;
+    those fall back to the loops)."""
+    return 16 if s_max >= 8 else 48
+
+
+def split(n, s, s_max: int | None = None):
+    """In-graph :func:`retrograde.schedules._revolve.revolve_split` (returns j only).
+
+    With ``s_max`` (static, ``s <= s_max``): read off a trace-time table of ``beta(s, q)`` for
+    ``q`` up to 16 (48 when ``s_max < 8``): every candidate ``q`` at once, no loop; the loops
+    below run only when the segment needs a larger ``q``."""
+    if s_max is None:
+        return _split_loop(n, s)
+    q_max = _table_depth(s_max)
+    table = jnp.asarray(_beta_table(s_max, q_max + 1).astype(np.int32))
+    row = lax.dynamic_index_in_dim(table, jnp.clip(s, 0, s_max), 0, keepdims=False)
+    row1 = lax.dynamic_index_in_dim(table, jnp.clip(s - 1, 0, s_max), 0, keepdims=False)
+    q = jnp.arange(q_max + 1, dtype=i32)
+    b_q = row[: q_max + 1]  # beta(s, q)
+    b_prev = jnp.concatenate([jnp.zeros((1,), i32), row[:q_max]])  # beta(s, q - 1)
+    b_right = row1[1:]  # beta(s - 1, q + 1)
+    r = jnp.sum(b_q < n, dtype=i32)  # r(n, s), when <= q_max
+    lo = jnp.maximum(jnp.maximum(1, b_prev), n - b_right)
+    ok = (q >= jnp.maximum(r - 1, 0)) & (lo <= jnp.minimum(n - 1, b_q - 1))
+    j = jnp.sum(jnp.where(q == jnp.argmax(ok), lo, 0), dtype=i32)
+    return lax.cond(jnp.any(ok) & (r <= q_max), lambda: j, lambda: _split_loop(n, s))
+
+
+def _split_loop(n, s):
     r, _ = repetition(n, s)
     q0 = jnp.maximum(r - 1, 0)
 
@@ -193,7 +238,8 @@ def _step(st):
         one = n == 1
         s1 = (s == 1) & ~one
         trivial = restore | one | s1 | (st["phase"] != P_TASK)
-        j = lax.cond(trivial, lambda: i32(1), lambda: split(n, jnp.maximum(s, 2)))
+        s_max = st["free"].shape[0] + 1  # a task holds at most every slot, plus one
+        j = lax.cond(trivial, lambda: i32(1), lambda: split(n, jnp.maximum(s, 2), s_max))
         m = a + j
         # A one-step task whose state is in a slot records it from there in one action
         # (RECORD with b = slot + 1) instead of a RESTORE followed by a RECORD.

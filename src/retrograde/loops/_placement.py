@@ -8,30 +8,15 @@ the slot to overwrite with ``u_n``, or ``-1``. Integer arithmetic in int32; cost
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._machine import CAP, _next_beta, repetition
+from ._machine import _beta_table, _next_beta, _table_depth, repetition
 
 i32 = jnp.int32
 COST_CAP = 1 << 30
-
-
-@functools.cache
-def _beta_table(s_max: int, r_max: int):
-    """``beta(s, r)`` for ``s = 0 .. s_max`` (rows) and ``r = 0 .. r_max`` (columns), by the same
-    saturating recurrence as the loop (built at trace time, in NumPy)."""
-    table = np.ones((s_max + 1, r_max + 1), np.int64)
-    for s in range(s_max + 1):
-        for r in range(1, r_max + 1):
-            b = min(int(table[s, r - 1]), CAP)
-            table[s, r] = min((b // r) * (s + r) + ((b % r) * (s + r)) // r, CAP)
-    table.flags.writeable = False
-    return table
 
 
 def optimum(n, s):
@@ -56,7 +41,7 @@ def optimum(n, s):
 def _optimum_table(n, s_np):
     """``(t(n, s), fits)`` from the table, for static ``s``; ``t`` is exact where ``fits``."""
     s_max = int(s_np.max(initial=0))
-    r_max = 16 if s_max >= 8 else 48
+    r_max = _table_depth(s_max)
     # Laid out [r, element], so that the sums over r run along the major axis.
     beta = _beta_table(s_max, r_max)[s_np]
     chosen = (beta // (s_np[..., None] + 1)) * np.arange(r_max + 1) + (
