@@ -30,10 +30,11 @@ P_POP, P_TASK, P_STORE, P_S1, P_DONE = 0, 1, 2, 3, 4
 i32 = jnp.int32
 
 
-def _next_beta(b, s, q):
-    """beta(s, q) from beta(s, q - 1) = b, exactly, saturating at CAP."""
-    b = jnp.minimum(b, CAP)
-    return jnp.minimum((b // q) * (s + q) + ((b % q) * (s + q)) // q, CAP)
+def _next_beta(b, s, q, minimum=jnp.minimum):
+    """beta(s, q) from beta(s, q - 1) = b, exactly, saturating at CAP (``minimum=min`` for
+    Python integers)."""
+    b = minimum(b, CAP)
+    return minimum((b // q) * (s + q) + ((b % q) * (s + q)) // q, CAP)
 
 
 def repetition(n, s):
@@ -58,8 +59,7 @@ def _beta_table(s_max: int, r_max: int):
     table = np.ones((s_max + 1, r_max + 1), np.int64)
     for s in range(s_max + 1):
         for r in range(1, r_max + 1):
-            b = min(int(table[s, r - 1]), CAP)
-            table[s, r] = min((b // r) * (s + r) + ((b % r) * (s + r)) // r, CAP)
+            table[s, r] = _next_beta(int(table[s, r - 1]), s, r, minimum=min)
     table.flags.writeable = False
     return table
 

@@ -44,9 +44,7 @@ def _optimum_table(n, s_np):
     r_max = _table_depth(s_max)
     # Laid out [r, element], so that the sums over r run along the major axis.
     beta = _beta_table(s_max, r_max)[s_np]
-    chosen = (beta // (s_np[..., None] + 1)) * np.arange(r_max + 1) + (
-        (beta % (s_np[..., None] + 1)) * np.arange(r_max + 1)
-    ) // (s_np[..., None] + 1)  # C(s + r, s + 1), as the loop computes it from beta(s, r)
+    chosen = _choose(beta, s_np[..., None], np.arange(r_max + 1))  # as the loop computes it
     step = np.diff(chosen, axis=-1, append=chosen[..., -1:])  # chosen[r + 1] - chosen[r]
     beta, step = (jnp.asarray(np.moveaxis(t, -1, 0).astype(np.int32)) for t in (beta, step))
     s = jnp.asarray(s_np, i32)
@@ -74,9 +72,13 @@ def _optimum_loop(n, s):
 
     # r(n, s) and beta(s, r) as in ``repetition``, for every element at once.
     r, b = lax.while_loop(cond, body, (jnp.zeros_like(n), jnp.ones_like(n)))
-    # C(s + r, s + 1) = beta(s, r) * r / (s + 1), computed without overflow.
-    c = (b // (s + 1)) * r + ((b % (s + 1)) * r) // (s + 1)
-    return _finish(n, s, r, c)
+    return _finish(n, s, r, _choose(b, s, r))
+
+
+def _choose(b, s, r):
+    """``C(s + r, s + 1) = beta(s, r) r / (s + 1)`` from ``b = beta(s, r)``, without overflow
+    (NumPy or JAX integer arrays)."""
+    return (b // (s + 1)) * r + ((b % (s + 1)) * r) // (s + 1)
 
 
 def _finish(n, s, r, c):
