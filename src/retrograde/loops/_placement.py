@@ -26,8 +26,8 @@ def optimum(n, s):
     When ``s`` is concrete (a NumPy array, as in the placement rule), ``r(n, s)`` is counted off
     a trace-time table of ``beta(s, r)`` for ``r`` up to 16 (48 when every ``s < 8``): a
     comparison per table entry, no loop and no division. Only if some element needs a larger
-    ``r`` does the loop run (the placement rule's segments need ``r <= 6`` for ``s >= 8`` and
-    20000 steps). With ``s`` traced: one loop over the repetition number, shared by all
+    ``r`` does the loop run (over 20000 steps, the placement rule's segments need ``r <= 16`` with
+    8 slots, ``r <= 6`` with 16 or more, and ``r <= 42`` with 4). With ``s`` traced: one loop over the repetition number, shared by all
     elements (as many iterations as the largest ``r(n, s)``, each an integer division per
     element); ``s == 1`` and ``n <= 1`` take no iterations.
     """
