@@ -75,8 +75,8 @@ def split(n, s, s_max: int | None = None):
     """In-graph :func:`retrograde.schedules._revolve.revolve_split` (returns j only).
 
     With ``s_max`` (static, ``s <= s_max``): read off a trace-time table of ``beta(s, q)`` for
-    ``q`` up to 16 (48 when ``s_max < 8``): every candidate ``q`` at once, no loop; the loops
-    below run only when the segment needs a larger ``q``."""
+    ``q`` up to ``_table_depth(s_max)``: every candidate ``q`` at once, no loop; the loops below
+    run only when the segment needs a larger ``q``."""
     if s_max is None:
         return _split_loop(n, s)
     q_max = _table_depth(s_max)

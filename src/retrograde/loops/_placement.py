@@ -24,12 +24,12 @@ def optimum(n, s):
     (saturating).
 
     When ``s`` is concrete (a NumPy array, as in the placement rule), ``r(n, s)`` is counted off
-    a trace-time table of ``beta(s, r)`` for ``r`` up to 16 (48 when every ``s < 8``): a
-    comparison per table entry, no loop and no division. Only if some element needs a larger
-    ``r`` does the loop run (over 20000 steps, the placement rule's segments need ``r <= 16`` with
-    8 slots, ``r <= 6`` with 16 or more, and ``r <= 42`` with 4). With ``s`` traced: one loop over the repetition number, shared by all
-    elements (as many iterations as the largest ``r(n, s)``, each an integer division per
-    element); ``s == 1`` and ``n <= 1`` take no iterations.
+    a trace-time table of ``beta(s, r)`` for ``r`` up to ``_table_depth(max(s))``: a comparison
+    per table entry, no loop and no division. Only if some element needs a larger ``r`` does the
+    loop run (over 20000 steps, the placement rule's segments need ``r <= 16`` with 8 slots,
+    ``r <= 6`` with 16 or more, and ``r <= 42`` with 4). With ``s`` traced: one loop over the
+    repetition number, shared by all elements (as many iterations as the largest ``r(n, s)``,
+    each an integer division per element); ``s == 1`` and ``n <= 1`` take no iterations.
     """
     n = jnp.asarray(n, i32)
     if isinstance(s, jax.core.Tracer):
@@ -82,8 +82,8 @@ def _choose(b, s, r):
 
 
 def _finish(n, s, r, c):
-    """``t(n, s)`` from ``r = r(n, s)`` and ``c = C(s + r, s + 1)`` (where ``s > 1`` and
-    ``n > 1``)."""
+    """``t(n, s)`` from ``r = r(n, s)`` and ``c = C(s + r, s + 1)`` (read only where ``s > 1``
+    and ``n > 1``; the other cases have closed forms here)."""
     general = jnp.minimum(r * n - c, COST_CAP)
     # n (n - 1) / 2 with the even factor halved first (no int32 overflow below the cap).
     half = jnp.where(n % 2 == 0, (n // 2) * (n - 1), n * ((n - 1) // 2))
