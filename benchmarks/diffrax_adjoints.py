@@ -19,6 +19,13 @@ them): DirectAdjoint's HVP at N = 4000.
     python benchmarks/diffrax_adjoints.py            # N in {1000, 4000} + adaptive
     python benchmarks/diffrax_adjoints.py --quick    # N = 200 + adaptive (short interval)
     python benchmarks/diffrax_adjoints.py --markdown # a Markdown table
+    python benchmarks/diffrax_adjoints.py --acceptance  # the issue's speed check, ~5 minutes
+
+``--acceptance`` times the first-order gradient of ``CheckpointAdjoint`` against
+``RecursiveCheckpointAdjoint`` at about 4000 steps, on the adaptive problem (``SaveAt(ts=...)``
+at 100 times, ``max_steps`` 4096; the interval is chosen to take about 4000 steps, and the
+number taken is printed) and on 4000 constant steps: many alternating repeats, then the minimum,
+20th percentile and median of each and their ratios.
 """
 
 from __future__ import annotations
@@ -50,7 +57,9 @@ def make_problem():
     return model, y0
 
 
-def make_loss(static, y0, adjoint, run):
+def make_loss(static, y0, adjoint, run, with_steps=False):
+    """The loss of one run (``("const", N)`` or ``("adaptive", T)``) as a function of the
+    network's parameters; with ``with_steps``, also the number of steps the solve took."""
     kind, n = run
     if kind == "const":
         kw = dict(stepsize_controller=diffrax.ConstantStepSize(), dt0=T1 / n, max_steps=n,
@@ -68,7 +77,8 @@ def make_loss(static, y0, adjoint, run):
 
         sol = diffrax.diffeqsolve(diffrax.ODETerm(vf), diffrax.Tsit5(), 0.0, t1, y0=y0,
                                   args=model, adjoint=adjoint, **kw)
-        return jnp.mean(sol.ys**2)
+        out = jnp.mean(sol.ys**2)
+        return (out, sol.stats["num_steps"]) if with_steps else out
 
     return loss
 
@@ -126,6 +136,47 @@ SKIP = {
 }
 
 
+# The acceptance runs: the adaptive problem on an interval that takes about 4000 steps, and
+# 4000 constant steps.
+ACCEPTANCE_RUNS = [("adaptive", 51500.0), ("const", 4000)]
+
+
+def acceptance(repeats: int) -> None:
+    """First-order gradient, CheckpointAdjoint against RecursiveCheckpointAdjoint, at about 4000
+    steps: ``repeats`` alternating calls of each, then min / 20th percentile / median."""
+    model, y0 = make_problem()
+    params, static = eqx.partition(model, eqx.is_array)
+    names = ("CheckpointAdjoint", "RecursiveCheckpoint")
+    print(f"first-order gradient, {repeats} alternating repeats (seconds; ratio = "
+          "CheckpointAdjoint / RecursiveCheckpoint)")
+    print("| run | steps | adjoint | min | p20 | median |")
+    print("|---|---:|---|---:|---:|---:|")
+    for run in ACCEPTANCE_RUNS:
+        steps = int(jax.jit(make_loss(static, y0, diffrax.RecursiveCheckpointAdjoint(), run, True))(params)[1])
+        compiled = {name: prepare(jax.grad(make_loss(static, y0, ADJOINTS[name](), run)), params)[0]
+                    for name in names}
+        times = {name: [] for name in names}
+        for _ in range(repeats):
+            for name, c in compiled.items():
+                t = time.perf_counter()
+                jax.block_until_ready(c(params))
+                times[name].append(time.perf_counter() - t)
+        stats = {name: _stats(v) for name, v in times.items()}
+        label = f"const N={run[1]}" if run[0] == "const" else f"adaptive T={run[1]:g}"
+        for name in names:
+            print(f"| {label} | {steps} | {name} | " + " | ".join(f"{x:.3f}" for x in stats[name])
+                  + " |", flush=True)
+        ratio = [a / b for a, b in zip(*stats.values())]
+        print(f"| {label} | {steps} | ratio | " + " | ".join(f"{x:.3f}" for x in ratio) + " |",
+              flush=True)
+        del compiled
+
+
+def _stats(v):
+    v = sorted(v)
+    return v[0], v[len(v) // 5], float(np.median(v))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="N = 200 and a short adaptive run")
@@ -136,7 +187,12 @@ def main():
     ap.add_argument("--no-skip", action="store_true", help="also run the combinations in SKIP")
     ap.add_argument("--runs", default=None,
                     help="e.g. const:1000,adaptive:5 (constant N steps / adaptive on [0, T])")
+    ap.add_argument("--acceptance", action="store_true",
+                    help="time the first-order gradient against RecursiveCheckpoint at ~4000 steps")
     args = ap.parse_args()
+    if args.acceptance:
+        acceptance(args.repeats or 9)
+        return
     runs = [("const", 200), ("adaptive", 2.0)] if args.quick else [
         ("const", 1000), ("const", 4000), ("adaptive", 5.0)]
     if args.runs:
