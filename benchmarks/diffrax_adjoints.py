@@ -117,16 +117,21 @@ def prepare(fn, params):
 
 
 def time_round_robin(compiled, params, repeats):
-    """Best wall time of each compiled function over ``repeats`` rounds, the functions taking
-    turns within a round, so that a busy machine slows all of them alike (the ratios between
-    adjoints are what the table is for)."""
-    best = {name: float("inf") for name in compiled}
+    """Wall times (a list per name) of each compiled function over ``repeats`` rounds, the
+    functions taking turns within a round, so that a busy machine slows all of them alike (the
+    ratios between adjoints are what the tables are for)."""
+    times = {name: [] for name in compiled}
     for _ in range(repeats):
         for name, c in compiled.items():
             t = time.perf_counter()
             jax.block_until_ready(c(params))
-            best[name] = min(best[name], time.perf_counter() - t)
-    return best
+            times[name].append(time.perf_counter() - t)
+    return times
+
+
+def run_label(run):
+    kind, n = run
+    return f"const N={n}" if kind == "const" else f"adaptive T={n:g}"
 
 
 # Combinations not run by default, with the reason shown in the table.
@@ -152,17 +157,12 @@ def acceptance(repeats: int) -> None:
     print("| run | steps | adjoint | min | p20 | median |")
     print("|---|---:|---|---:|---:|---:|")
     for run in ACCEPTANCE_RUNS:
-        steps = int(jax.jit(make_loss(static, y0, diffrax.RecursiveCheckpointAdjoint(), run, True))(params)[1])
+        count = make_loss(static, y0, diffrax.RecursiveCheckpointAdjoint(), run, with_steps=True)
+        steps = int(jax.jit(count)(params)[1])
         compiled = {name: prepare(jax.grad(make_loss(static, y0, ADJOINTS[name](), run)), params)[0]
                     for name in names}
-        times = {name: [] for name in names}
-        for _ in range(repeats):
-            for name, c in compiled.items():
-                t = time.perf_counter()
-                jax.block_until_ready(c(params))
-                times[name].append(time.perf_counter() - t)
-        stats = {name: _stats(v) for name, v in times.items()}
-        label = f"const N={run[1]}" if run[0] == "const" else f"adaptive T={run[1]:g}"
+        stats = {name: _stats(v) for name, v in time_round_robin(compiled, params, repeats).items()}
+        label = run_label(run)
         for name in names:
             print(f"| {label} | {steps} | {name} | " + " | ".join(f"{x:.3f}" for x in stats[name])
                   + " |", flush=True)
@@ -204,7 +204,7 @@ def main():
     v = jax.tree_util.tree_map(lambda x: jnp.cos(jnp.arange(x.size, dtype=x.dtype)).reshape(x.shape), params)
     rows = []
     for run in runs:
-        label = f"const N={run[1]}" if run[0] == "const" else f"adaptive T={run[1]}"
+        label = run_label(run)
         for order in args.orders.split(","):
             ref = None
             names = args.adjoints.split(",")
@@ -226,10 +226,9 @@ def main():
                 if name == "DirectAdjoint":
                     ref = flat(out)
                 results[name] = (flat(out), c_s, None, temp, "")
-            best = time_round_robin(compiled, params, repeats)
-            for name, r_s in best.items():
+            for name, ts in time_round_robin(compiled, params, repeats).items():
                 out, c_s, _, temp, note = results[name]
-                results[name] = (out, c_s, r_s, temp, note)
+                results[name] = (out, c_s, min(ts), temp, note)
             del compiled
             for name in args.adjoints.split(","):
                 out, c_s, r_s, temp, note = results[name]
