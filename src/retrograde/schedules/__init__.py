@@ -8,7 +8,7 @@ its cost. See :mod:`retrograde.schedules._actions` for the action vocabulary.
 from ._actions import Action, Advance, End, Free, Record, Restore, Store
 from ._base import Level, OfflineSchedule, OnlineRun, OnlineSchedule, Schedule
 from ._optimum import beta, repetition_number, revolve_optimum
-from ._revolve import Revolve
+from ._revolve import Revolve, binomial_reversal
 from ._simple import Periodic, RecomputeAll, StoreAll
 from ._simulate import ScheduleError, Stats, execute, simulate
 from ._online import Online
@@ -18,6 +18,6 @@ __all__ = [
     "Action", "Advance", "End", "Free", "Record", "Restore", "Store",
     "Level", "OfflineSchedule", "OnlineRun", "OnlineSchedule", "Schedule",
     "beta", "repetition_number", "revolve_optimum",
-    "Revolve", "Periodic", "RecomputeAll", "StoreAll", "Online", "MultiLevel",
+    "Revolve", "binomial_reversal", "Periodic", "RecomputeAll", "StoreAll", "Online", "MultiLevel",
     "ScheduleError", "Stats", "execute", "simulate",
 ]

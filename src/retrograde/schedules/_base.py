@@ -134,6 +134,20 @@ class OfflineSchedule(Schedule):
         Memory used to generate the stream is independent of ``n_steps``.
         """
 
+    def binomial_stores(self, n_steps: int) -> tuple[int, ...] | None:
+        """The steps whose states this schedule's forward sweep stores, if the rest of it is the
+        binomial reversal of the segments between them; ``None`` (the default) otherwise.
+
+        The binomial reversal (:func:`retrograde.schedules.binomial_reversal`): the forward sweep
+        stores ``u_p`` for each returned ``p`` (all below ``N - 1``) and advances to ``u_{N-1}``,
+        which is recorded at once; then the segments ``[p_i, p_{i+1})`` (the last one ending at
+        ``N - 1``) are reversed last first, each by :class:`Revolve` with its own slot and every
+        slot of ``max_slots(n_steps)[0]`` not held by an earlier snapshot. A schedule that
+        returns its stores can be executed from ``O(len(stores))`` data, without its action
+        stream (the JAX loops do so); it must make exactly the evaluations of that reversal.
+        """
+        return None
+
 
 class OnlineRun(abc.ABC):
     """One execution of an online schedule.

@@ -35,14 +35,15 @@ The reversal keeps every held snapshot; dropping one can help in rare cases, by 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
 from math import isqrt
 
 from ._actions import Action, End, Free, Record, Restore, Store
 from ._base import Level, OnlineRun, OnlineSchedule, check_snapshots, check_steps
-from ._revolve import _reverse
+from ._revolve import reverse_held
 
-__all__ = ["Online", "online_store_slot", "online_targets", "segment_cost"]
+__all__ = ["Online", "online_decisions", "online_store_slot", "online_targets", "segment_cost"]
 
 
 def _t(n: int, s: int) -> int:
@@ -269,30 +270,23 @@ class _Placement:
         return self.head + _t(n_steps - h[-1], 1)
 
 
-def _reverse_held(held: Sequence[int], n_steps: int) -> Iterator[Action]:
-    """Reverse ``n_steps`` steps from the snapshots ``held`` (per slot, ``-1`` empty), last
-    segment first, each with Revolve and every slot not held by an earlier snapshot."""
-    s = len(held)
-    by_step = sorted((p, k) for k, p in enumerate(held) if p >= 0)
-    end = n_steps
-    for i in range(len(by_step) - 1, -1, -1):
-        start, slot = by_step[i]
-        busy = {k for _, k in by_step[:i]}
-        free = [k for k in range(s) if k != slot and k not in busy]
-        slot_of = [slot] + free
-        length = end - start
-        yield Restore(start, slot)
-        for action in _reverse(length, 1 + len(free)):
-            kind = type(action)
-            if kind is Record:
-                yield Record(action.step + start)
-            elif kind in (Store, Restore, Free):
-                yield kind(action.step + start, slot_of[action.slot], 0)
-            else:  # Advance
-                yield type(action)(action.start + start, action.stop + start)
-        yield Free(start, slot)
-        end = start
-    yield End()
+@functools.lru_cache(maxsize=32)
+def online_decisions(snapshots: int, n_steps: int) -> tuple[int, ...]:
+    """The slot :func:`online_store_slot` gives ``u_n`` (or ``-1``) for ``n = 0 .. n_steps - 1``.
+
+    The rule reads only step numbers, never the loop's data, so its decisions are the same in
+    every run: a compiled loop reads them off this table instead of evaluating the rule per step.
+    Costs ``O(n_steps + s * stores)`` (:class:`_Placement`); cached.
+
+    Example:
+        >>> online_decisions(4, 6)   # as in online_store_slot's example
+        (0, 1, 2, 3, -1, 1)
+    """
+    placement, out = _Placement(check_snapshots(snapshots)), []
+    for n in range(check_steps(n_steps)):
+        decision = placement.decide(n)
+        out.append(-1 if decision is None else decision[0])
+    return tuple(out)
 
 
 class _OnlineRun(OnlineRun):
@@ -328,7 +322,7 @@ class _OnlineRun(OnlineRun):
                 f"n_steps must be {self._next}."
             )
         self._reversed = True
-        return _reverse_held(tuple(self._placement.held), n_steps)
+        return reverse_held(tuple(self._placement.held), n_steps)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from math import comb
 
 from ._actions import Action, Advance, End, Free, Record, Restore, Store
 from ._base import Level, OfflineSchedule, check_snapshots, check_steps
 from ._optimum import repetition_number
 
-__all__ = ["Revolve", "revolve_split"]
+__all__ = ["Revolve", "revolve_split", "largest_split", "reverse_held", "binomial_reversal"]
 
 
 def revolve_split(n_steps: int, snapshots: int, r_hint: int | None = None) -> tuple[int, int]:
@@ -44,6 +44,26 @@ def revolve_split(n_steps: int, snapshots: int, r_hint: int | None = None) -> tu
         q += 1
         beta_prev, beta_q = beta_q, beta_q * (s + q) // q
         beta_right = beta_right * (s + q) // (q + 1)
+
+
+def largest_split(n_steps: int, snapshots: int) -> int:
+    """The largest optimal first split: the largest ``j`` minimising ``j + t(n - j, s - 1) +
+    t(j, s)`` for ``n = n_steps > s + 1`` and ``s = snapshots >= 2`` (:func:`revolve_split`
+    returns the smallest). The cost's increment ``1 + r(j + 1, s) - r(n - j, s - 1)`` first
+    turns positive at ``j = max(1, beta(s, q - 1), n - beta(s - 1, q))`` for ``q = r(n, s) - 1``
+    when that lies below ``min(n, beta(s, q))``, else for ``q = r(n, s)``.
+
+    Example:
+        >>> revolve_split(100, 5)[0], largest_split(100, 5)
+        (30, 56)
+    """
+    n, s = n_steps, snapshots
+    r = repetition_number(n, s)
+    for q in (max(r - 1, 0), r):
+        j = max(1, comb(s + q - 1, s) if q else 0, n - comb(s - 1 + q, s - 1))
+        if j <= min(n - 1, comb(s + q, s) - 1):
+            return j
+    raise AssertionError((n, s))  # unreachable: q = r always qualifies
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +100,27 @@ class Revolve(OfflineSchedule):
             yield from _reverse(n_steps, self.snapshots)
             yield Free(0, 0, 0)
         yield End()
+
+    def binomial_stores(self, n_steps: int) -> tuple[int, ...]:
+        """A forward sweep of optimal splits (the largest, :func:`largest_split`, as the JAX
+        loops' reversal machine takes them): each split of the right part stores its state,
+        until the right part has one slot or is reversed by storing every state."""
+        n_steps = check_steps(n_steps)
+        stores: list[int] = []
+        a, s = 0, self.snapshots
+        while n_steps - a >= 2:
+            n = n_steps - a
+            stores.append(a)
+            if s == 1:
+                break
+            if n <= s + 1:  # r = 1: every state of the segment but the last is stored
+                stores.extend(range(a + 1, n_steps - 1))
+                break
+            j = largest_split(n, s)
+            if a + j == n_steps - 1:
+                break
+            a, s = a + j, s - 1
+        return tuple(stores)
 
 
 def _reverse(n_steps: int, snapshots: int) -> Iterator[Action]:
@@ -129,3 +170,63 @@ def _reverse(n_steps: int, snapshots: int) -> Iterator[Action]:
             stack.append((a, m, s, slot_a, False, q))
             stack.append((m, slot_m))
             a, s, slot_a, at_hand, r = m, s - 1, slot_m, True, q + 1
+
+
+def reverse_held(held: Sequence[int], n_steps: int) -> Iterator[Action]:
+    """Reverse ``n_steps`` steps from the snapshots ``held`` (per slot, ``-1`` empty), last
+    segment first, each with Revolve and every slot not held by an earlier snapshot."""
+    s = len(held)
+    by_step = sorted((p, k) for k, p in enumerate(held) if p >= 0)
+    end = n_steps
+    for i in range(len(by_step) - 1, -1, -1):
+        start, slot = by_step[i]
+        busy = {k for _, k in by_step[:i]}
+        free = [k for k in range(s) if k != slot and k not in busy]
+        slot_of = [slot] + free
+        length = end - start
+        yield Restore(start, slot)
+        for action in _reverse(length, 1 + len(free)):
+            kind = type(action)
+            if kind is Record:
+                yield Record(action.step + start)
+            elif kind in (Store, Restore, Free):
+                yield kind(action.step + start, slot_of[action.slot], 0)
+            else:  # Advance
+                yield type(action)(action.start + start, action.stop + start)
+        yield Free(start, slot)
+        end = start
+    yield End()
+
+
+def binomial_reversal(stores: Sequence[int], n_steps: int, slots: int) -> Iterator[Action]:
+    """The actions of a forward sweep that stores ``u_p`` for ``p`` in ``stores`` (increasing,
+    below ``n_steps - 1``) in slots ``0, 1, ...`` of ``slots``, then the binomial reversal of
+    :meth:`OfflineSchedule.binomial_stores`: ``u_{N-1}`` recorded at once, then the segments
+    between the stored states, last first (:func:`reverse_held`).
+
+    Example:
+        >>> from retrograde.schedules import Revolve, execute, simulate
+        >>> stores = Revolve(5).binomial_stores(100)
+        >>> acts = binomial_reversal(stores, 100, 5)
+        >>> execute(acts, 100, Revolve(5).levels).plain == simulate(Revolve(5), 100).plain
+        True
+    """
+    n_steps = check_steps(n_steps)
+    if len(stores) > slots or any(p >= n_steps - 1 for p in stores):
+        raise ValueError(
+            f"binomial_reversal: {len(stores)} stores below step {n_steps - 1} need that many "
+            f"of the {slots} slots, got {list(stores)}."
+        )
+    at = 0
+    for k, p in enumerate(stores):
+        if p > at:
+            yield Advance(at, p)
+        yield Store(p, k, 0)
+        at = p
+    if n_steps:
+        if n_steps - 1 > at:
+            yield Advance(at, n_steps - 1)
+        yield Record(n_steps - 1)
+    held = list(stores) + [-1] * (slots - len(stores))
+    yield from reverse_held(held, n_steps - 1 if n_steps else 0)
+
