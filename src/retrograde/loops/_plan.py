@@ -1,18 +1,12 @@
-"""Compile a schedule's action stream into tables that a compiled loop can execute.
+"""What a compiled loop needs of an offline schedule, for a step count known when tracing.
 
-The forward sweep of an offline schedule (the actions before its first ``Record``) must advance
-monotonically from step 0 to step ``N - 1``; it becomes a list of (step, slot) store points. The
-whole stream (without ``Free`` and ``End``, which need no work on a device) becomes rows
-``(opcode, a, b)``:
-
-======== =========================== ===========================
-opcode   action                       a, b
-======== =========================== ===========================
-0        Advance(a, b)                start, stop
-1        Store(step, slot)            step, global slot
-2        Restore(step, slot)          step, global slot
-3        Record(step)                 step, 0
-======== =========================== ===========================
+A :class:`Plan` holds the forward sweep's store points and, for the reverse sweep, either nothing
+(schedules whose reversal is the binomial one between those stores,
+:meth:`~retrograde.schedules.OfflineSchedule.binomial_stores`: the in-graph machine of
+:mod:`._machine` generates it, so the plan has ``O(stores)`` integers and is built without
+enumerating the schedule's actions), or a table of the machine's macro-actions translated from
+the schedule's action stream (any other offline schedule, e.g. ``MultiLevel``): one row per
+restore, advance, store and record, which costs ``O(actions)`` to build.
 
 Slots of all storage levels are numbered consecutively (all levels live in device memory here).
 """
@@ -24,32 +18,36 @@ import functools
 
 import numpy as np
 
-from ..schedules import Advance, End, Free, OfflineSchedule, Record, Restore, Schedule, Store
-
-ADVANCE, STORE, RESTORE, RECORD = 0, 1, 2, 3
+from ..schedules import Advance, OfflineSchedule, Record, Restore, Schedule, Store
+from ._machine import LEAF, MOVE
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Plan:
-    """Tables for one schedule and step count.
+    """The tables for one schedule and step count.
 
     Attributes:
         length: number of steps ``N``.
-        n_slots: snapshot slots needed on the device (all levels together).
-        store_steps, store_slots: the forward sweep's store points, sorted by step (int32).
-        rows: int32 array ``(R, 3)`` of the whole stream; ``first_record`` indexes its first
-            ``Record`` row, where the reverse part starts.
-        plain: plain evaluations of the whole schedule; ``forward_plain`` of its forward part.
+        n_slots: snapshot slots on the device (all levels together).
+        store_steps, store_slots: the forward sweep's stores, ascending (int32).
+        rows: ``None`` for the binomial reversal; else int32 ``(R, 7)``: the reverse sweep as the
+            machine's actions (fields of :class:`._machine.Action`).
     """
 
     length: int
     n_slots: int
     store_steps: np.ndarray
     store_slots: np.ndarray
-    rows: np.ndarray
-    first_record: int
-    plain: int
-    forward_plain: int
+    rows: np.ndarray | None
+
+    @property
+    def held(self):
+        """The held snapshots after the forward sweep, for :func:`._machine.init`: ``(steps,
+        slots, count)`` padded to ``n_slots`` entries."""
+        pad = self.n_slots - len(self.store_steps)
+        steps = np.concatenate([self.store_steps, np.zeros(pad, np.int32)])
+        slots = np.concatenate([self.store_slots, np.zeros(pad, np.int32)])
+        return steps, slots, len(self.store_steps)
 
 
 def check_offline(schedule: Schedule, where: str) -> OfflineSchedule:
@@ -69,12 +67,22 @@ def check_offline(schedule: Schedule, where: str) -> OfflineSchedule:
 
 @functools.lru_cache(maxsize=128)
 def compile_plan(schedule: OfflineSchedule, length: int) -> Plan:
-    """Build the tables for ``schedule`` and ``length`` steps (cached)."""
-    actions = list(schedule.actions(length))
+    """Build the plan for ``schedule`` and ``length`` steps (cached)."""
+    stores = schedule.binomial_stores(length)
+    if stores is not None:
+        # More slots than N - 1 are never used by a binomial reversal.
+        n_slots = max(1, len(stores), min(schedule.max_slots(length)[0], length - 1))
+        steps = np.asarray(stores, np.int32)
+        return Plan(length, n_slots, steps, np.arange(len(steps), dtype=np.int32), None)
+    return _table_plan(schedule, length)
+
+
+def _table_plan(schedule: OfflineSchedule, length: int) -> Plan:
+    actions = [a for a in schedule.actions(length) if type(a) in (Advance, Store, Restore, Record)]
     # Number the slots of all levels consecutively.
     top: dict[int, int] = {}
     for act in actions:
-        if type(act) in (Store, Restore, Free):
+        if type(act) in (Store, Restore):
             top[act.level] = max(top.get(act.level, -1), act.slot)
     offset, base = {}, 0
     for level in sorted(top):
@@ -82,47 +90,48 @@ def compile_plan(schedule: OfflineSchedule, length: int) -> Plan:
         base += top[level] + 1
     n_slots = max(base, 1)
 
-    rows, store_points = [], []
-    first_record, plain, forward_plain, at = None, 0, 0, 0
-    for act in actions:
-        kind = type(act)
-        if kind is Advance:
-            rows.append((ADVANCE, act.start, act.stop))
-            plain += act.stop - act.start
-        elif kind is Store:
-            rows.append((STORE, act.step, offset[act.level] + act.slot))
-        elif kind is Restore:
-            rows.append((RESTORE, act.step, offset[act.level] + act.slot))
-        elif kind is Record:
-            rows.append((RECORD, act.step, 0))
-        elif kind in (Free, End):
-            continue
-        if first_record is None:
-            if kind is Record:
-                first_record = len(rows) - 1
-                forward_plain = plain
-            elif kind is Advance:
-                if act.start != at:
-                    raise ValueError(f"{schedule!r}: its first sweep must advance from step 0 on.")
-                at = act.stop
-            elif kind is Store:
-                store_points.append((act.step, offset[act.level] + act.slot))
-            else:
-                raise ValueError(
-                    f"{schedule!r}: its first sweep (before the first Record) must only advance "
-                    f"and store, but it has {act}."
-                )
-    if length and (first_record is None or at != length - 1):
+    # The first sweep: advance monotonically from step 0 to N - 1, storing on the way.
+    stores, at, k = [], 0, 0
+    while k < len(actions) and type(actions[k]) is not Record:
+        act = actions[k]
+        if type(act) is Advance and act.start == at:
+            at = act.stop
+        elif type(act) is Store:
+            stores.append((act.step, offset[act.level] + act.slot))
+        else:
+            raise ValueError(
+                f"{schedule!r}: its first sweep (before the first Record) must only advance from "
+                f"step 0 on and store, but it has {act}."
+            )
+        k += 1
+    if length and at != length - 1:
         raise ValueError(f"{schedule!r}: the first sweep must end at step {length - 1}.")
-    table = np.asarray(rows if rows else np.zeros((0, 3)), dtype=np.int32).reshape(-1, 3)
-    pts = np.asarray(store_points, dtype=np.int32).reshape(-1, 2)
-    return Plan(
-        length=length,
-        n_slots=n_slots,
-        store_steps=pts[:, 0].copy(),
-        store_slots=pts[:, 1].copy(),
-        rows=table,
-        first_record=first_record or 0,
-        plain=plain,
-        forward_plain=forward_plain,
-    )
+
+    rows = []
+    for act in actions[k:]:
+        kind = type(act)
+        if kind is Restore:
+            rows.append((MOVE, offset[act.level] + act.slot, act.step, act.step, 0, -1, 0))
+        elif kind is Advance:
+            rows.append((MOVE, -1, act.start, act.stop, 0, -1, 0))
+        elif kind is Store:
+            rows.append((MOVE, -1, act.step, act.step, 0, offset[act.level] + act.slot, 0))
+        else:  # Record: a one-step leaf from the state at hand
+            rows.append((LEAF, -1, act.step, act.step + 1, act.step, -1, 1))
+    pts = np.asarray(stores, np.int32).reshape(-1, 2)
+    return Plan(length, n_slots, pts[:, 0].copy(), pts[:, 1].copy(),
+                np.asarray(_merge_moves(rows), np.int32).reshape(-1, 7))
+
+
+def _merge_moves(rows):
+    """Fuse consecutive moves that chain (the first stores nothing, the second restores nothing
+    and starts where the first stops) into one: a MOVE restores, advances, then stores."""
+    out = []
+    for row in rows:
+        prev = out[-1] if out else None
+        if (prev is not None and row[0] == MOVE and prev[0] == MOVE and prev[5] < 0
+                and row[1] < 0 and row[2] == prev[3]):
+            out[-1] = (MOVE, prev[1], prev[2], row[3], 0, row[5], 0)
+            continue
+        out.append(row)
+    return out

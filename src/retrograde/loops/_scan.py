@@ -15,7 +15,7 @@ from ..schedules._base import check_steps
 from ._body import make_body
 from ._carry import leaf_array, match_carry
 from ._plan import check_offline
-from ._primitives import fwd_p
+from ._primitives import Extent, forward_loop
 
 Carry = TypeVar("Carry")
 X = TypeVar("X")
@@ -137,9 +137,7 @@ def scan(
 
     closed = jax.make_jaxpr(flat_step)(*carry_sds, *x_sds)
     body, consts = make_body(closed, len(init_flat), len(xs_flat))
-    outs = fwd_p.bind(
-        *consts, *init_flat, *xs_flat, body=body, length=length, schedule=schedule, save=False
-    )
+    outs = forward_loop(body, Extent(length, schedule), consts, init_flat, xs_flat)
     carry = tree_util.tree_unflatten(init_tree, outs[: body.nk])
     ys = tree_util.tree_unflatten(out_tree_box[-1], outs[body.nk :])
     return carry, ys

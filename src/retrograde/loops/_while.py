@@ -24,15 +24,16 @@ import jax
 import jax.numpy as jnp
 from jax import tree_util
 from jax._src import core, dispatch
-from jax._src.interpreters import ad, batching, mlir
+from jax._src.interpreters import ad, mlir
 from jax.extend.core import Primitive, jaxpr_as_fun
 
 from ..schedules import Online, Schedule
 from ..schedules._base import check_steps
-from ._body import Body, batch_body, guarded, make_body, split
+from . import _levels
+from ._body import Body, guarded, make_body, split
 from ._carry import leaf_array, match_carry
 from ._execute import forward_while
-from ._primitives import _ck_avals, _to_axis, _zero, apply_tangent
+from ._primitives import Extent, _zero, apply_tangent, carry_fixpoint
 
 T = TypeVar("T")
 
@@ -45,61 +46,63 @@ wfwd_p.multiple_results = True
 wfwd_p.def_impl(lambda *args, **params: dispatch.apply_primitive(wfwd_p, *args, **params))
 
 
-def _abstract(*args, body, cond, schedule, max_steps, save):
+def _outs(body, extent, save):
     outs = list(body.carry_avals) + [core.ShapedArray((), jnp.int32)]
-    if save:
-        outs += _ck_avals(body, schedule.snapshots, dynamic=True)
-    return outs, body.effects | cond.effects
+    return outs + (extent.snapshot_avals(body) if save else [])
+
+
+def _abstract(*args, body, cond, extent, save, levels):
+    return _levels.batched_avals(_outs(body, extent, save), levels), body.effects | cond.effects
 
 
 wfwd_p.def_effectful_abstract_eval(_abstract)
 
 
-def _impl(*args, body, cond, schedule, max_steps, save):
-    c, k = split(args, [body.nc, body.nk])
-    carry, n, slots, held = forward_while(body, cond, schedule.snapshots, max_steps, c, k, save)
-    return [*carry, n, *slots, *([held] if save else [])]
+def _lowered(*args, body, cond, extent, save, levels):
+    axes = _levels.names(levels)
+
+    def run(*args):
+        c, k = split(args, [body.nc, body.nk])
+        carry, n, slots, held = forward_while(body, cond, extent.n_slots, extent.max_steps, c, k,
+                                              save, axes)
+        return [*carry, n, *slots, *([held] if save else [])]
+
+    return _levels.vmapped(run, levels)(*args)
 
 
-mlir.register_lowering(wfwd_p, mlir.lower_fun(_impl, multiple_results=True))
+mlir.register_lowering(wfwd_p, mlir.lower_fun(_lowered, multiple_results=True))
 
 
-def _jvp(primals, tangents, *, body, cond, schedule, max_steps, save):
+def _jvp(primals, tangents, *, body, cond, extent, save, levels):
     c, k = split(primals, [body.nc, body.nk])
     dc, dk = split(tangents, [body.nc, body.nk])
-    outs = wfwd_p.bind(*primals, body=body, cond=cond, schedule=schedule, max_steps=max_steps,
-                       save=True)
-    carry, (n,), ckv = split(outs, [body.nk, 1, sum(body.stored) + 1])
+    outs = wfwd_p.bind(*primals, body=body, cond=cond, extent=extent, save=True, levels=())
+    carry, (n,), snaps = split(outs, [body.nk, 1, extent.n_snapshots(body)])
     # As in ``_primitives._fwd_jvp``: at higher order the transpose re-lays its own snapshots.
-    tk, _ = apply_tangent(body, None, schedule, (c, k, []), [] if save else ckv, (dc, dk, []),
-                          pre=[n])
-    primal_out = [*carry, n] + (ckv if save else [])
+    tk, _ = apply_tangent(body, extent, (c, k, []), [] if save else snaps, (dc, dk, []),
+                          steps=[n])
+    primal_out = [*carry, n] + (snaps if save else [])
     tangent_out = [*tk, _zero(core.typeof(n))]
-    tangent_out += [_zero(core.typeof(v)) for v in ckv] if save else []
+    tangent_out += [_zero(core.typeof(v)) for v in snaps] if save else []
     return primal_out, tangent_out
 
 
-ad.primitive_jvps[wfwd_p] = _jvp
+ad.primitive_jvps[wfwd_p] = _levels.jvp_rule(_jvp)
 
 
-def _any_cond(cond: Body, size: int) -> Body:
-    """The batch's predicate: whether any element goes on."""
-    fc = jaxpr_as_fun(batch_body(cond, size).jaxpr)
-    sds = [jax.ShapeDtypeStruct((size,) + a.shape, a.dtype) for a in cond.jaxpr.in_avals]
-    return Body(jax.make_jaxpr(lambda *a: [jnp.any(fc(*a)[0])])(*sds), cond.nc, 0, cond.nx)
+def _out_axes(data, dims, *, body, cond, extent, save):
+    """The guarded step makes every carry leaf batched when the predicate is; the step count
+    and the held steps never are (the loop runs while any element goes on)."""
+    dc, dk = split(dims, [body.nc, body.nk])
+    carry_b, _ = carry_fixpoint(body.jaxpr, data, [d is not None for d in dc],
+                                [d is not None for d in dk], [], body.nk)
+    out = [0 if b else None for b in carry_b] + [None]
+    if save:
+        out += [0 if b else None for b, st in zip(carry_b, body.stored) if st] + [None]
+    return out
 
 
-def _batch(args, dims, *, body, cond, schedule, max_steps, save):
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    args = [_to_axis(a, d, 0, size) for a, d in zip(args, dims)]
-    # The body already leaves finished elements alone (see while_loop), so it batches as it is.
-    outs = wfwd_p.bind(*args, body=batch_body(body, size), cond=_any_cond(cond, size), schedule=schedule, max_steps=max_steps,
-                       save=save)
-    out_dims = [0] * body.nk + [None] + ([1] * sum(body.stored) + [None] if save else [])
-    return outs, out_dims
-
-
-batching.primitive_batchers[wfwd_p] = _batch
+_levels.batcher(wfwd_p, _out_axes)
 
 
 def while_loop(
@@ -238,9 +241,8 @@ def while_loop(
                 guard=cond.jaxpr)
     if not all(stored):
         check_write_only(body)
-    outs = wfwd_p.bind(
-        *consts, *flat, body=body, cond=cond, schedule=schedule, max_steps=max_steps, save=False
-    )
+    outs = wfwd_p.bind(*consts, *flat, body=body, cond=cond, extent=Extent(None, schedule, max_steps=max_steps),
+                       save=False, levels=())
     return tree_util.tree_unflatten(tree, outs[: len(flat)])
 
 
