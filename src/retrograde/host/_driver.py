@@ -468,8 +468,10 @@ class ForwardPass:
         if not keep:
             self._persistent = {}
         m = _Machine(self, slots, temp=set(), keep=keep)
-        m.lam, m.pbar, m.loss_bar = lam, pbar, loss_bar
-        del lam, pbar
+        # move the cotangents into the machine (the caller's lists must not keep the arrays)
+        m.lam, m.pbar, m.loss_bar = lam[:], pbar[:], loss_bar
+        lam.clear()
+        pbar.clear()
         m.running = [L for L in self._losses if L.running] if loss_bar != 0.0 else []
         m.next_record = self.n_steps - 1
         m.cur = self.n_steps
@@ -547,8 +549,6 @@ class _Machine:
         self.loss_bar = 0.0
         self.running: list = []
         self.next_record = -1
-        self._do = {Advance: self.advance, Store: self.store, Restore: self.restore,
-                    Free: self.free, Record: self.record}
 
     def run(self, actions: Iterable, *, first_sweep: bool = False) -> int:
         """Execute ``actions`` up to ``End`` (in the first sweep: up to the first ``Record`` or
@@ -562,10 +562,10 @@ class _Machine:
         return it.taken
 
     def do(self, a, ahead: _Lookahead | None = None) -> None:
-        handler = self._do.get(type(a))
+        handler = _HANDLERS.get(type(a))
         if handler is None:
             raise ScheduleError(f"unknown action {a!r}")
-        handler(a, ahead)
+        handler(self, a, ahead)
 
     # ------------------------------------------------------------------ actions
     def advance(self, a: Advance, ahead=None):
@@ -670,6 +670,10 @@ class _Machine:
             return self.fp._levels[level].name or "unnamed"
         except IndexError:
             return "?"
+
+
+_HANDLERS = {Advance: _Machine.advance, Store: _Machine.store, Restore: _Machine.restore,
+             Free: _Machine.free, Record: _Machine.record}
 
 
 def _last_read(a: Restore, ahead: _Lookahead | None) -> bool:
