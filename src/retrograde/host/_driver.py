@@ -312,9 +312,10 @@ class ForwardPass:
             lam = [accumulate(x, y) for x, y in zip(lam, given)]
         return lam, pbar
 
-    def _view(self, state):
+    @staticmethod
+    def _view(state):
         """What a loss or ``until`` sees: read-only views (JAX arrays are immutable already)."""
-        return state if self._step.is_jax else readonly(state)
+        return readonly(state)
 
     def _loss_grad(self, L: _LossImpl, n, view):
         """Checked leaves (``None`` for zero) of a loss gradient at ``u_n``."""
