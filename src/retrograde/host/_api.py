@@ -231,8 +231,8 @@ def hvp(
     aug_step = _JaxStep(step, _AUG_STEPS.get(step, _aug_step))
     aug_losses = tuple(_LossImpl(t.term, _AUG_LOSSES.get(t.term.f, _aug_loss)) for t in terms)
     s0 = initial_state(state0, True)
-    sd = _tangent(state0_dot, s0, "state0_dot")
-    pd = _tangent(params_dot, params, "params_dot")
+    sd = _tangent(state0_dot, s0, "state0_dot", "hvp")
+    pd = _tangent(params_dot, params, "params_dot", "hvp")
     aug_until = None if until is None else (lambda n, s: until(n, s[0]))
     with ForwardPass(
         aug_step, aug_losses, (s0, sd), (params, pd), n_steps, schedule=schedule,
@@ -244,13 +244,13 @@ def hvp(
     return HessianProduct(value, Grads(g_p, g_u), Grads(h_p, h_u))
 
 
-def _tangent(tangent, primal, name):
+def _tangent(tangent, primal, name, where):
     """A private copy of ``tangent`` (``None``: zero) with the structure, shapes and floating
     dtypes of ``primal``; plain ``0.0`` leaves or subtrees are zeros."""
     spec = TreeSpec(primal, name.removesuffix("_dot"))
     if tangent is None:
         return spec.materialize([None] * len(spec))
-    leaves = spec.check_cotangent(tangent, "the call", name, verb="got")
+    leaves = spec.check_cotangent(tangent, where, name, verb="got")
     return spec.materialize([None if x is None else np.array(x, dtype=spec.cot_dtypes[i])
                              for i, x in enumerate(leaves)])
 
@@ -305,8 +305,8 @@ def jvp(
         raise ValueError("jvp needs n_steps or until=lambda n, state: <stop?>.")
     state = initial_state(state0, impl.is_jax)
     sspec, pspec = TreeSpec(state, "state"), TreeSpec(params, "params")
-    sdot = _tangent(state0_dot, state, "state0_dot")
-    pdot = private(_tangent(params_dot, params, "params_dot"), copy=False)
+    sdot = _tangent(state0_dot, state, "state0_dot", "jvp")
+    pdot = private(_tangent(params_dot, params, "params_dot", "jvp"), copy=False)
     params = private(params, copy=True)
     J, Jdot = 0.0, 0.0
 

@@ -194,7 +194,7 @@ class TreeSpec:
         if shape is None:  # an opaque leaf: not checked
             return x
         name = self.name(i)
-        label = f"{what} leaf {name}" if self.paths[i] else what
+        label = f"{what} leaf {self.paths[i]}" if self.paths[i] else what
         if not _is_array_leaf(x):
             raise TypeError(
                 f"{where} {verb} {label} of type {type(x).__name__}; expected an array of shape "
