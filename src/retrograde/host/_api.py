@@ -44,8 +44,9 @@ def forward(
 
     Args:
         step: a JAX function ``step(n, state, params) -> state`` or a :class:`Step`.
-        state0: the initial state ``u_0``, a pytree of arrays (never modified).
-        params: the parameters, a pytree (passed unchanged to every step).
+        state0: the initial state ``u_0``, a pytree of arrays (copied, never modified).
+        params: the parameters, a pytree (copied; every step gets the same read-only arrays;
+            leaves that are not arrays are passed as they are).
         n_steps: ``N``; ``None`` for a loop that stops when ``until`` says so (online schedules).
         schedule: a :mod:`retrograde.schedules` schedule (``Revolve(s)``, ``StoreAll()``,
             ``MultiLevel(...)``, an online schedule, ...).
@@ -64,8 +65,12 @@ def forward(
         callable many times; close it (``with`` block) to release the snapshots.
 
     Cost: the schedule's first sweep plus the steps from its end to ``N`` (one step for the
-    schedules shipped); memory: the snapshots of that sweep until closed, plus the snapshots of a
-    running ``vjp``.
+    schedules shipped); memory: the snapshots of that sweep until closed, the state the reverse
+    part starts from, ``u_N`` (``.state``), the final loss gradient and ``params`` (copies),
+    plus the snapshots of a running ``vjp``.
+
+    Arrays: steps may overwrite the state and cotangents they are handed; see
+    ``docs/host.md`` for the whole aliasing contract.
 
     MPI: when each rank steps its own part of a distributed state, call this on every rank with
     the same schedule and step count (an ``until`` must return the same answer on every rank,
@@ -115,8 +120,10 @@ def value_and_grad(
     Returns:
         ``(J, Grads(params=dJ/dparams, state0=dJ/du_0))``.
 
-    Cost: the schedule's plain evaluations plus one, and ``N`` adjoint evaluations; all snapshots
-    (and any disk directory) are released before returning, also on an exception.
+    Cost: the schedule's plain evaluations plus one, and ``N`` adjoint evaluations; memory: the
+    schedule's snapshots plus the state at hand, the state's cotangent and the parameters'
+    cotangent (plus what the step allocates). All snapshots (and any disk directory) are
+    released before returning, also on an exception.
 
     Example:
         >>> import numpy as np
