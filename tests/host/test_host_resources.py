@@ -64,18 +64,34 @@ def test_step_and_loss_closures_are_released():
         def step(self, n, u, a):
             return u * a + 0.0 * jnp.sum(self.table)
 
-    model = Model()
-    table = weakref.ref(model.table)
-    traces = []
-    for _ in range(2):  # a bound method is compiled once per instance
-        rh.value_and_grad(model.step, LOSS, np.ones(3), 0.9, 4, schedule=rs.Revolve(2))
-        from retrograde.host._step import _JAX_STEPS
+    class Unhashable:  # a callable compared by value (like an equinox module with arrays)
+        __hash__ = None
 
-        traces.append(len(_JAX_STEPS))
-    assert traces[0] == traces[1]
-    del model
+        def __init__(self):
+            self.table = np.ones(100)
+            self.traces = 0
+
+        def __eq__(self, other):
+            return NotImplemented
+
+        def __call__(self, n, u, a):
+            self.traces += 1
+            return u * a + 0.0 * jnp.sum(self.table)
+
+    model, fn = Model(), Unhashable()
+    table, fn_table = weakref.ref(model.table), weakref.ref(fn.table)
+    from retrograde.host._step import _JAX_STEPS
+
+    sizes = []
+    for _ in range(2):  # compiled once per bound method's instance, once per callable
+        rh.value_and_grad(model.step, LOSS, np.ones(3), 0.9, 4, schedule=rs.Revolve(2))
+        rh.value_and_grad(fn, LOSS, np.ones(3), 0.9, 4, schedule=rs.Revolve(2))
+        sizes.append(len(_JAX_STEPS))
+    assert sizes[0] == sizes[1]
+    assert fn.traces == 2  # forward and vjp, each traced once
+    del model, fn
     gc.collect()
-    assert table() is None
+    assert table() is None and fn_table() is None
 
 
 def _rss_over_closures(calls, size):

@@ -311,36 +311,35 @@ class WeakCache:
     ``get(fn, make)`` returns ``make(call)``, made once per ``fn``, where ``call`` calls ``fn``
     through a weak reference: the cache never keeps ``fn``, the arrays it captures or its
     compiled code alive (a value that referred to its own key would). Whoever uses the result
-    holds ``fn`` itself. Bound methods are cached per (function, instance). Functions that
-    cannot be weakly referenced or hashed are not cached (``make(fn)`` each time).
+    holds ``fn`` itself. Functions are told apart by identity (so unhashable callables are
+    cached too); bound methods per (function, instance). Functions that cannot be weakly
+    referenced are not cached (``make(fn)`` each time).
 
     Example: ``core = cache.get(step_fn, _JaxCore)``.
     """
 
     def __init__(self):
-        self._fns: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._entries: dict[tuple[int, ...], tuple[Any, list]] = {}
 
     def get(self, fn, make):
-        try:
-            if inspect.ismethod(fn):
-                table = self._fns.get(fn.__func__)
-                if table is None:
-                    table = self._fns[fn.__func__] = weakref.WeakKeyDictionary()
-                key, ref = fn.__self__, weakref.WeakMethod(fn)
-            else:
-                table, key, ref = self._fns, fn, weakref.ref(fn)
-            hit = table.get(key)
-        except TypeError:  # not hashable or not weakly referenceable
-            return make(fn)
+        parts = (fn.__func__, fn.__self__) if inspect.ismethod(fn) else (fn,)
+        key = tuple(id(p) for p in parts)
+        hit = self._entries.get(key)
         if hit is not None:
-            return hit
+            return hit[0]
+        try:
+            ref = weakref.WeakMethod(fn) if inspect.ismethod(fn) else weakref.ref(fn)
+            # dropped as soon as any part dies (before its id can be reused)
+            refs = [weakref.ref(p, lambda _, key=key: self._entries.pop(key, None))
+                    for p in parts]
+        except TypeError:  # not weakly referenceable
+            return make(fn)
         value = make(_weak_caller(ref, fn))
-        table[key] = value
+        self._entries[key] = (value, refs)
         return value
 
     def __len__(self):
-        return sum(len(v) if isinstance(v, weakref.WeakKeyDictionary) else 1
-                   for v in self._fns.values())
+        return len(self._entries)
 
 
 def _weak_caller(ref, fn):
