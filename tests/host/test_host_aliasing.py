@@ -331,6 +331,19 @@ def check_loop(case, tmp_path):
     np.testing.assert_array_equal(G, G_COPY)
     assert list(tmp_path.iterdir()) == []
 
+    # one gradient (no handle: no copy of params, the final gradient becomes the cotangent)
+    s0, p, _, (sd, pd) = _inputs(case)
+    J_ref, g_ref = rh.value_and_grad(clean, loss, _copy(s0), _copy(p), N, schedule=rs.StoreAll())
+    J, g = rh.value_and_grad(step, loss, s0, p, n_arg, schedule=schedule, storage=storage, **kw)
+    assert J == pytest.approx(J_ref, rel=1e-13)
+    _assert_same(g, g_ref)
+    _assert_same((s0, p), _inputs(case)[:2])
+    if case["jax_losses"]:  # and its Hessian-vector product
+        h_ref = rh.hvp(clean, loss, _copy(s0), _copy(p), N, pd, sd, schedule=rs.StoreAll())
+        h = rh.hvp(step, loss, s0, p, n_arg, pd, sd, schedule=schedule, storage=storage, **kw)
+        _assert_same(h, h_ref)
+    assert list(tmp_path.iterdir()) == []
+
     if not jax_kind:  # forward mode, with a jvp that scribbles on what it is handed
         s0, p, _, (sd, pd) = _inputs(case)
         t_want = rh.jvp(clean, _copy(s0), _copy(p), N, _copy(sd), _copy(pd), loss=loss)

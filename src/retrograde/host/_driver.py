@@ -285,9 +285,9 @@ class ForwardPass:
             )
         if self._single:
             keep = False
+        lam, pbar = self._first_cotangents(state_bar, loss_bar)
         if not keep:
             self._spent = True
-        lam, pbar = self._first_cotangents(state_bar, loss_bar)
         if self.n_steps == 0:
             return self._grads(pbar, lam)
         return self._run_reverse(lam, pbar, loss_bar, keep)
@@ -312,11 +312,6 @@ class ForwardPass:
             lam = [accumulate(x, y) for x, y in zip(lam, given)]
         return lam, pbar
 
-    @staticmethod
-    def _view(state):
-        """What a loss or ``until`` sees: read-only views (JAX arrays are immutable already)."""
-        return readonly(state)
-
     def _loss_grad(self, L: _LossImpl, n, view):
         """Checked leaves (``None`` for zero) of a loss gradient at ``u_n``."""
         s_bar, p_bar = L.grad(n, view, self._params)
@@ -336,14 +331,14 @@ class ForwardPass:
             self._reached = n + 1
             running = [L for L in self._losses if L.running]
             if running:
-                view = self._view(out)
+                view = readonly(out)
                 for L in running:
                     self._J += L.value(n + 1, view, self._params)
             self._bar.update()
         return out
 
     def _until(self, until, n, state) -> bool:
-        res = until(n, self._view(state))
+        res = until(n, readonly(state))
         try:
             return bool(res)
         except (TypeError, ValueError):
@@ -429,7 +424,7 @@ class ForwardPass:
         N = self.n_steps
         J = self._J
         gs, gp = [None] * len(self._sspec), [None] * len(self._pspec)
-        view = self._view(final)
+        view = readonly(final)
         for L in self._losses:
             if not L.running:
                 J += L.value(N, view, self._params)
@@ -640,7 +635,7 @@ class _Machine:
         state, self.state, self.cur = self.state, None, None
         g = None  # the running losses read u_n: their gradient before the adjoint may overwrite it
         if n >= 1 and self.running:
-            view = fp._view(state)
+            view = readonly(state)
             g = [None] * len(fp._sspec)
             for L in self.running:
                 s_bar, p_bar = fp._loss_grad(L, n, view)
