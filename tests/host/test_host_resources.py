@@ -48,12 +48,14 @@ def test_step_and_loss_closures_are_released():
     gc.collect()
     assert big() is None
 
-    weights = np.arange(3.0)
-    w = weakref.ref(weights)
-    loss = rh.Running(lambda n, u, a: jnp.sum(weights * u**2))
+    def weighted_loss():
+        weights = np.arange(3.0)
+        return rh.Running(lambda n, u, a: jnp.sum(weights * u**2)), weakref.ref(weights)
+
+    loss, w = weighted_loss()
     rh.value_and_grad(lambda n, u, a: u * a, loss, np.ones(3), 0.9, 4, schedule=rs.Revolve(2))
     rh.hvp(lambda n, u, a: u * a, loss, np.ones(3), 0.9, 4, 1.0, schedule=rs.Revolve(2))
-    del loss, weights
+    del loss
     gc.collect()
     assert w() is None
 

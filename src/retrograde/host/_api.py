@@ -11,8 +11,6 @@ import numpy as np
 from ..schedules import Schedule
 from ._driver import ForwardPass, Grads, _copy_tree, initial_state
 from ._step import (
-    Final,
-    Running,
     Step,
     WeakCache,
     _JaxCore,

@@ -625,7 +625,8 @@ class _Machine:
         # else: a first-sweep snapshot, kept for later vjp calls
 
     def record(self, a: Record, ahead=None):
-        """The adjoint of step ``n``: ``lam_n = vjp_n(lam_{n+1}) + loss_bar * grad running(u_n)``."""
+        """The adjoint of step ``n``:
+        ``lam_n = vjp_n(lam_{n+1}) + loss_bar * grad running(u_n)``."""
         fp, n = self.fp, a.step
         if n != self.next_record or self.cur != n:
             raise ScheduleError(

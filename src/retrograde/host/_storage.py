@@ -517,7 +517,8 @@ def remove_stale(directory: str | os.PathLike | None = None, *,
 
     Example:
         >>> import retrograde.host as rh
-        >>> [d.path for d in rh.remove_stale("/scratch/me") if d.action == "removed"]  # doctest: +SKIP
+        >>> stale = rh.remove_stale("/scratch/me")  # doctest: +SKIP
+        >>> [d.path for d in stale if d.action == "removed"]  # doctest: +SKIP
         ['/scratch/me/retrograde-p31337-3kq9x_a1']
     """
     directory = tempfile.gettempdir() if directory is None else os.fspath(directory)
@@ -554,7 +555,8 @@ class Storage:
     """Base class of storage specifications (:class:`Memory`, :class:`Disk`).
 
     Example: ``storage={"memory": rh.Memory(), "disk": rh.Disk("/scratch/run1")}`` maps
-    the levels of a ``MultiLevel`` schedule to stores; ``storage=rh.Disk()`` puts every level on disk.
+    the levels of a ``MultiLevel`` schedule to stores; ``storage=rh.Disk()`` puts every level on
+    disk.
     """
 
     def open(self, label: str) -> _LiveStore:  # pragma: no cover - abstract
