@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -151,4 +152,44 @@ def test_disk_run_in_a_thread(tmp_path):
     t.start()
     t.join()
     assert out[0] == before
+    assert list(tmp_path.iterdir()) == []
+
+
+def _fork(child):
+    """Run ``child()`` in a forked process that ends with ``os._exit(0)``; its wait status."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            child()
+        finally:
+            os._exit(0)
+    return os.waitpid(pid, 0)[1]
+
+
+@pytest.mark.filterwarnings("ignore:.*fork.*:RuntimeWarning", "ignore::DeprecationWarning")
+def test_a_forked_child_leaves_the_parents_snapshots_alone(tmp_path):
+    """A child forked during a run (a multiprocessing worker, say) that is terminated, runs the
+    exit hooks or closes the stores it inherited does not remove the parent's snapshots."""
+    status = []
+
+    def fwd(n, u, a):
+        if n == 2 and not status:
+            status.append(_fork(lambda: os.kill(os.getpid(), signal.SIGTERM)))
+            status.append(_fork(weakref.finalize._exitfunc))  # what atexit runs
+        return u * a
+
+    step = rh.Step(fwd, lambda n, u, a, b: (b * a, float(np.sum(b * u))))
+    loss = rh.Final(lambda n, u, a: float(np.sum(u)), grad=lambda n, u, a: (np.ones(2), 0.0))
+    J, g = rh.value_and_grad(step, loss, np.ones(2), 1.1, 6, schedule=rs.Revolve(2),
+                             storage=rh.Disk(tmp_path))
+    assert os.WIFSIGNALED(status[0]) and os.WTERMSIG(status[0]) == signal.SIGTERM
+    assert os.WIFEXITED(status[1])
+    assert g.params == pytest.approx(2 * 6 * 1.1**5)
+    assert list(tmp_path.iterdir()) == []
+
+    store = rh.Disk(tmp_path).open()
+    snap = store.put(0, [np.arange(3.0)], None)
+    assert os.WIFEXITED(_fork(store.close))
+    np.testing.assert_array_equal(store.get(snap)[0], np.arange(3.0))
+    store.close()
     assert list(tmp_path.iterdir()) == []

@@ -245,9 +245,10 @@ class _DiskStore(_LiveStore):
                 raise OSError(e.errno, f"{e.strerror}: cannot create the snapshot directory's "
                               f"parent for the {label} store", directory) from e
         self.rank = rank
+        self.pid = os.getpid()  # a forked child must not remove the files
         tag = f"r{rank}-" if rank is not None else ""
         self.path = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{tag}p{os.getpid()}-", dir=directory)
-        self._finalizer = weakref.finalize(self, _remove_dir, self.path)
+        self._finalizer = weakref.finalize(self, _remove_dir, self.path, os.getpid())
         _SIGNALS.add(self.path)
         try:
             with open(os.path.join(self.path, OWNER_FILE), "w") as fh:
@@ -351,6 +352,8 @@ class _DiskStore(_LiveStore):
     def _drop_file(self, path):
         self._file_refs.pop(path, None)
         self.nbytes -= self._file_size.pop(path, 0)
+        if os.getpid() != self.pid:
+            return
         try:
             os.unlink(path)
         except FileNotFoundError:
@@ -375,9 +378,12 @@ def _write_bytes(fh, a: np.ndarray) -> None:
         fh.write(memoryview(a.reshape(-1).view(np.uint8)))
 
 
-def _remove_dir(path: str) -> None:
+def _remove_dir(path: str, pid: int) -> None:
+    """Remove a snapshot directory, in the process that made it only (not in a forked child
+    that exits or is terminated)."""
     _SIGNALS.discard(path)
-    shutil.rmtree(path, ignore_errors=True)
+    if os.getpid() == pid:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -400,13 +406,13 @@ class _SignalGuard:
     NAMES = ("SIGTERM", "SIGHUP")
 
     def __init__(self):
-        self.dirs: dict[str, None] = {}
+        self.dirs: dict[str, int] = {}  # path -> the process that made it
         self.previous: dict[int, Any] = {}
         self.lock = threading.RLock()
 
     def add(self, path: str) -> None:
         with self.lock:
-            self.dirs[path] = None
+            self.dirs[path] = os.getpid()
             if len(self.dirs) == 1:
                 self._install()
 
@@ -441,8 +447,9 @@ class _SignalGuard:
             del self.previous[sig]
 
     def remove_all(self) -> None:
-        for path in list(self.dirs):
-            shutil.rmtree(path, ignore_errors=True)
+        for path, pid in list(self.dirs.items()):
+            if pid == os.getpid():
+                shutil.rmtree(path, ignore_errors=True)
 
 
 _SIGNALS = _SignalGuard()
