@@ -152,17 +152,23 @@ def tables(schedule):
                 sptr=i32(sptr), stores=i32(stores), n_rec=len(rest))
 
 
-def proto_forward(T, t, u):
-    """The first sweep: N - 1 steps, storing where the schedule says (guarded in-place write)."""
-    def one(i, c):
+def storing_step(t, stores):
+    """Loop body ``(j, (u, slots, p))``: store ``u`` where ``stores[p] == (j, slot)`` (a guarded
+    in-place write, no conditional) and move ``p`` on, then take the step."""
+    def body(j, c):
         u, slots, p = c
-        hit = T["fwd"][p, 0] == i
-        k = T["fwd"][p, 1]
-        slots = put(slots, jnp.where(hit, u, get(slots, k)), k)
+        hit = stores[p, 0] == j
+        q = stores[p, 1]
+        slots = put(slots, jnp.where(hit, u, get(slots, q)), q)
         return step(t, u), slots, p + hit.astype(jnp.int32)
 
+    return body
+
+
+def proto_forward(T, t, u):
+    """The first sweep: N - 1 steps, storing where the schedule says."""
     slots = jnp.zeros((T["n_slots"], C), jnp.float32)
-    return lax.fori_loop(0, N - 1, one, (u, slots, jnp.int32(0)))[:2]
+    return lax.fori_loop(0, N - 1, storing_step(t, T["fwd"]), (u, slots, jnp.int32(0)))[:2]
 
 
 def proto_reverse(T, t, slots, cur, ubar, unroll=1):
@@ -172,15 +178,8 @@ def proto_reverse(T, t, slots, cur, ubar, unroll=1):
         cur, slots, ubar, tbar = c
         r = T["rest"][k]
         cur = jnp.where(r >= 0, get(slots, jnp.maximum(r, 0)), cur)
-
-        def adv(j, c2):
-            cur, slots, p = c2
-            hit = T["stores"][p, 0] == j
-            q = T["stores"][p, 1]
-            slots = put(slots, jnp.where(hit, cur, get(slots, q)), q)
-            return step(t, cur), slots, p + hit.astype(jnp.int32)
-
-        cur, slots, _ = lax.fori_loop(T["lo"][k], T["hi"][k], adv, (cur, slots, T["sptr"][k]))
+        cur, slots, _ = lax.fori_loop(T["lo"][k], T["hi"][k], storing_step(t, T["stores"]),
+                                      (cur, slots, T["sptr"][k]))
         dt, ubar = jax.vjp(step, t, cur)[1](ubar)
         return cur, slots, ubar, tbar + dt
 
