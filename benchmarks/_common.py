@@ -47,16 +47,18 @@ def prepare(fn, *args):
     return compiled, out, compile_s, temp
 
 
-def time_round_robin(compiled, args, repeats):
-    """Wall times (a list per name) of each compiled function called on ``args`` (a tuple) over
+def time_round_robin(compiled, args, repeats, clock=time.perf_counter):
+    """Times (a list per name) of each compiled function called on ``args`` (a tuple) over
     ``repeats`` rounds, the functions taking turns within a round, so that a busy machine slows
-    all of them alike (the ratios between them are what the tables are for)."""
+    all of them alike (the ratios between them are what the tables are for). ``clock``: wall
+    time by default; ``time.process_time`` counts the CPU time of all of the process's threads,
+    which varies far less with other processes' load."""
     times = {name: [] for name in compiled}
     for _ in range(repeats):
         for name, c in compiled.items():
-            t = time.perf_counter()
+            t = clock()
             jax.block_until_ready(c(*args))
-            times[name].append(time.perf_counter() - t)
+            times[name].append(clock() - t)
     return times
 
 

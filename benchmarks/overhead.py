@@ -33,12 +33,13 @@ Outside ``--quick``, ``long``, ``while`` and ``hvp`` are run again at a large st
 for ``long``, at ``N = 1000``, and ``while``; 2048 points for ``hvp``), shown in the last column
 of the targets. The large-carry first-order case (``N = 1000``, 100,000 floats, which must not get
 slower) is ``benchmarks/scan.py``'s, not repeated here. Results are checked against the reference
-of each table (relative error column).
+of each table (relative error column). ``--clock cpu`` times the process's CPU time instead of
+wall time: on a busy machine it varies far less.
 
     python benchmarks/overhead.py              # everything; ~10-15 minutes on 2 cores
     python benchmarks/overhead.py --quick      # fewer repeats, no large step, N <= 1e5; ~2-3 min
     python benchmarks/overhead.py --markdown   # the tables as markdown
-    python benchmarks/overhead.py --cases long,while --repeats 21
+    python benchmarks/overhead.py --cases long,while --repeats 21 --clock cpu
     python benchmarks/overhead.py --cases compile --huge   # adds N = 1e8 (does not finish today)
 """
 
@@ -77,6 +78,10 @@ class Result:
     value: np.ndarray
 
 
+CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCK["wall"]  # set by --clock
+
+
 def measure(fns, args, repeats):
     """Name -> :class:`Result` of each ``jit(fn)(*args)``: all compiled and warmed up first, then
     timed round-robin."""
@@ -85,7 +90,7 @@ def measure(fns, args, repeats):
         prepared[name] = prepare(fn, *args)
         print(f"  compiled {name}: temp {prepared[name][3] / MiB:.2f} MiB, "
               f"{prepared[name][2]:.1f} s", flush=True)
-    times = time_round_robin({k: p[0] for k, p in prepared.items()}, args, repeats)
+    times = time_round_robin({k: p[0] for k, p in prepared.items()}, args, repeats, clock)
     return {k: Result(p[3], min(times[k]), statistics.median(times[k]), _flat(p[1]))
             for k, p in prepared.items()}
 
@@ -199,7 +204,7 @@ def case_long(repeats, markdown, large=False):
     args = (jnp.float32(0.7), jnp.asarray(np.linspace(-2.0, 2.0, carry, dtype=np.float32)))
     nested_name = "nested remat ({} x {})".format(*nested_shape(n))
     s_mem = _largest_fitting(lambda s: jax.grad(retro(Revolve(s))), args,
-                             prepare(jax.grad(nested_loss), *args)[3], cb)
+                             _temp(jax.grad(nested_loss), args), cb)
     fns = {
         "lax.scan": jax.grad(lax_loss),
         nested_name: jax.grad(nested_loss),
@@ -227,11 +232,15 @@ def case_long(repeats, markdown, large=False):
     ]
 
 
+def _temp(fn, args) -> int:
+    return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
 def _largest_fitting(make, args, budget, carry_bytes):
     """The largest ``s`` whose compiled ``make(s)`` has temp memory <= ``budget`` bytes: a guess
     from the memory at ``s = 16`` (one carry per slot), then one slot at a time."""
     def temp(s):
-        return jax.jit(make(s)).lower(*args).compile().memory_analysis().temp_size_in_bytes
+        return _temp(make(s), args)
 
     base = temp(16) - 16 * carry_bytes
     s = max(1, int((budget - base) // carry_bytes))
@@ -515,7 +524,8 @@ def show_targets(targets, markdown, with_large):
         if with_large:
             row.append("-" if t.large is None else f"{t.large:.2f}")
         rows.append(row)
-    print_table(f"Targets of issue #18 (ratios of medians; jax {jax.__version__}, "
+    kind = "CPU" if clock is CLOCK["cpu"] else "wall"
+    print_table(f"Targets of issue #18 (ratios of medians, {kind} time; jax {jax.__version__}, "
                 f"{jax.devices()[0].platform})", header, rows, markdown, left=2)
 
 
@@ -527,6 +537,9 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print the tables as markdown")
     ap.add_argument("--repeats", type=int, default=None,
                     help="timed rounds (default 7, diffrax 11; --quick: 3, diffrax 5)")
+    ap.add_argument("--clock", choices=tuple(CLOCK), default="wall",
+                    help="wall time (default) or the process's CPU time, steadier on a busy "
+                    "machine")
     ap.add_argument("--huge", action="store_true", help="compile case: also N = 1e8")
     ap.add_argument("--compile-timeout", type=float, default=120.0,
                     help="seconds per compile case (default 120)")
@@ -537,6 +550,8 @@ def main(argv=None) -> int:
     if a.compile_child:
         compile_child(int(a.compile_child[0]), a.compile_child[1])
         return 0
+    global clock
+    clock = CLOCK[a.clock]
     cases = [c.strip() for c in a.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
     if unknown:
