@@ -115,9 +115,8 @@ class Target:
 
     @property
     def verdict(self) -> str:
-        if self.ratio is None:
-            return "n/a"
-        return "PASS" if self.ratio <= self.limit else "MISS"
+        """``MISS`` also when there is no ratio: a case that did not finish within its limits."""
+        return "PASS" if self.ratio is not None and self.ratio <= self.limit else "MISS"
 
 
 def show_results(title, res, ref, markdown, extra=None):
@@ -427,7 +426,7 @@ def run_child(n: int, which: str, timeout: float, mem_limit: int):
         if time.monotonic() - t0 > timeout:
             why = f"timeout ({timeout:.0f} s)"
         elif _vm(proc.pid, "VmRSS") > mem_limit:
-            why = f"over {mem_limit / 2**30:.0f} GiB"
+            why = f"over {mem_limit / 2**30:g} GiB"
         if why:
             proc.kill()
             proc.communicate()
@@ -479,7 +478,7 @@ def case_compile(ns, timeout, mem_limit, markdown):
                      fmt(div(total(n, which), total(ns[0], which))),
                      fmt(div(total(n, which), total(n, twin)))])
     print_table(f"compile: trace and compile, 4 float32, default schedule (each in a fresh "
-                f"process, limits {timeout:.0f} s and {mem_limit / 2**30:.0f} GiB; RSS: peak "
+                f"process, limits {timeout:g} s and {mem_limit / 2**30:g} GiB; RSS: peak "
                 "growth while tracing, and to the end of compiling)",
                 ["N", "function", "trace s", "compile s", "RSS trace MiB", "RSS total MiB",
                  f"time / N={ns[0]:.0e}'s", "time / lax.scan's"], rows, markdown, left=2)
