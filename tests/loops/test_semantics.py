@@ -246,6 +246,44 @@ def test_types_follow_lax(case, mode):
     _same_as_lax(WEAK_CASES[case], mode)
 
 
+def _weak_loss(scan, while_loop, theta, u0):
+    """Loops whose carry stays weakly typed (``u0`` a Python float, or a tracer of one) or
+    becomes strong (mixed with ``theta``)."""
+    weak, ys = scan(lambda c, x: (c * 0.5 + jnp.sin(c), c * 2.0), u0, None, 4)
+    strong, _ = scan(lambda c, x: (c * theta + x, None), u0, F64)
+    w = while_loop(lambda s: s[0] < 3, lambda s: (s[0] + 1, jnp.cos(s[1]) * 1.5), (0, u0))
+    return weak ** 2 + jnp.sum(ys) + strong * weak + w[1]
+
+
+def _three_steps(cond_fun, body_fun, init_val):
+    """The reference for ``_weak_loss``'s while loop, which runs exactly three steps
+    (``jax.lax.while_loop`` is not reverse-differentiable)."""
+    return lax.scan(lambda s, _: (body_fun(s), None), init_val, None, 3)[0]
+
+
+def test_derivatives_through_weakly_typed_carries():
+    """grad, jvp, vmap and hessian through carries that stay weakly typed, against jax.lax."""
+
+    def program(scan, while_loop):
+        loss = functools.partial(_weak_loss, scan, while_loop)
+
+        def prog(theta, u0):
+            return (loss(theta, u0), jax.grad(loss, argnums=(0, 1))(theta, u0),
+                    jax.jvp(lambda u: loss(theta, u), (u0,), (1.0,)),
+                    jax.vmap(lambda u: loss(theta, u))(jnp.array([0.3, 0.6])),
+                    jax.hessian(lambda u: scan(lambda c, x: (c * 0.5 + jnp.sin(c), None), u,
+                                               None, 4)[0])(u0))
+
+        return P.jit(prog)(0.7, 0.4)
+
+    got = program(functools.partial(retrograde.scan, schedule=rs.Revolve(2)),
+                  functools.partial(retrograde.while_loop, schedule=rs.Online(2)))
+    P.assert_close(got, program(lax.scan, _three_steps), RTOL, "weak carries")
+    # Un-jitted, the Python floats reach the loops as they are.
+    _same_as_lax(lambda m: _weak_loss(m.scan, m.while_loop if m is retrograde else _three_steps,
+                                      0.7, 0.4))
+
+
 def test_promoted_carry_is_not_cast_back():
     """An int accumulator updated with floats is promoted (as in jax.lax), not truncated."""
     c, ys = retrograde.scan(lambda c, x: (c + x, c), 0, jnp.full(3, 0.25))
