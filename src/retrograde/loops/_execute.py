@@ -41,6 +41,20 @@ def _put(buffers, values, n):
     return [lax.dynamic_update_index_in_dim(b, v, n, 0) for b, v in zip(buffers, values)]
 
 
+def _load(slots, k, cur):
+    """The state in slot ``k``, or ``cur`` if ``k < 0`` (a select, not a conditional: a
+    conditional that passes a loop's state through copies it)."""
+    got = _slice(slots, jnp.maximum(k, 0))
+    return [jnp.where(k >= 0, g, c) for g, c in zip(got, cur)]
+
+
+def _store(slots, k, values):
+    """``slots`` with ``values`` in slot ``k`` (unchanged if ``k < 0``), in place."""
+    j = jnp.maximum(k, 0)
+    old = _slice(slots, j)
+    return _put(slots, [jnp.where(k >= 0, v, o) for v, o in zip(values, old)], j)
+
+
 def _zeros(avals, lead=()):
     return [jnp.zeros(lead + tuple(a.shape), a.dtype) for a in avals]
 
@@ -112,11 +126,11 @@ def forward(body: Body, length: int, consts, carry, xs, plan: Plan | None = None
         steps = jnp.asarray(np.append(plan.store_steps, n).astype(np.int32))
         where = jnp.asarray(np.append(plan.store_slots, 0).astype(np.int32))
     state = (list(carry), ys_buf, list(slots) if plan is not None else [], i32(0))
+    if n == 0:  # nothing to trace (a step would index an empty xs)
+        return list(carry), ys_buf, ([*state[2], *body.snapshot(carry)] if plan else [])
     if plan is None:
         carry, ys_buf, _, _ = lax.fori_loop(0, n, advance, state, unroll=unroll)
         return carry, ys_buf, []
-    if n == 0:
-        return list(carry), ys_buf, [*state[2], *body.snapshot(carry)]
     # The last step is taken apart: its state u_{N-1} is the reverse sweep's first.
     state = lax.fori_loop(0, n - 1, advance, state, unroll=unroll)
     last = body.snapshot(state[0])
@@ -175,11 +189,9 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
 
 
 def _stored(n, k, snap, slots, held):
-    """``u_n`` in slot ``k`` (nothing if ``k < 0``): a select, not a conditional."""
-    j = jnp.maximum(k, 0)
-    keep = _slice(slots, j)
-    slots = _put(slots, [jnp.where(k >= 0, v, old) for v, old in zip(snap, keep)], j)
-    return slots, jnp.where(k >= 0, held.at[j].set(n), held)
+    """``u_n`` in slot ``k`` (nothing if ``k < 0``)."""
+    held = jnp.where(k >= 0, held.at[jnp.maximum(k, 0)].set(n), held)
+    return _store(slots, k, snap), held
 
 
 def _place_from(table, n, snap, slots, held):
@@ -283,14 +295,13 @@ class _Steps:
 
     def move(self, act, cur, slots):
         """Restore, advance, store (each only if the action asks)."""
-        cur = lax.cond(act.restore >= 0, lambda c: _slice(slots, act.restore), list, cur)
+        cur = _load(slots, act.restore, cur)
         cur = self.advance(cur, act.start, act.stop)
-        slots = lax.cond(act.store >= 0, lambda s: _put(s, cur, act.store), list, slots)
-        return cur, slots
+        return cur, _store(slots, act.store, cur)
 
     def leaf_forward(self, act, idx, cur, slots):
         """A leaf's forward part: store every state from ``first`` on and advance to the last."""
-        cur = lax.cond(act.restore >= 0, lambda c: _slice(slots, act.restore), list, cur)
+        cur = _load(slots, act.restore, cur)
 
         def one(i, cs):
             cur, slots = cs
@@ -303,7 +314,7 @@ class _Steps:
         """A leaf's records, last step first: the last state from the state at hand (or its slot,
         if the leaf's last state is held), the others each straight from its slot."""
         last = act.stop - 1
-        cur = lax.cond(act.fresh != 0, list, lambda c: _slice(slots, idx[last - act.start]), cur)
+        cur = _load(slots, jnp.where(act.fresh != 0, -1, idx[last - act.start]), cur)
         state = self.record(last, cur, kbar, cbar, xbar)
 
         def one(j, state):
