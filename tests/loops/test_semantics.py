@@ -539,9 +539,6 @@ def test_fori_traced_bounds_strict_values(mode):
     _check_fori_traced(mode, derivatives=False)
 
 
-@pytest.mark.xfail(reason="while_loop derivatives fail in the primitive layer under strict modes: "
-                          "int32/int64 mix in _machine.init_state (strict dtype promotion), rank "
-                          "promotion in _placement._optimum_table (rank_promotion='raise')")
 @pytest.mark.parametrize("mode", ["strict_x64", "rank_raise"])
 def test_fori_traced_bounds_strict_derivatives(mode):
     _check_fori_traced(mode, derivatives=True)

@@ -168,7 +168,7 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
     def run(place, go, state):
         def one(state):
             n, carry, slots, held = state
-            if save:
+            if place is not None:
                 slots, held = place(n, body.snapshot(carry), slots, held)
             carry, _ = step(consts, carry, [])
             return n + 1, carry, slots, held
@@ -179,29 +179,30 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
     if not save:
         n, carry, _, _ = run(None, go, state)
         return carry, n, [], held
+    place = _placement(n_slots, max_steps)
+    n, carry, slots, held = run(place, go, state)
+    return carry, n, slots, held
+
+
+def _placement(n_slots: int, max_steps):
+    """Store ``u_n`` where the ``Online`` rule puts it: read off a table of its decisions for
+    the first steps, and evaluated beyond the table (only in a loop that may run that long)."""
     table = _decisions(n_slots, max_steps)
     m = table.shape[0]
-    state = run(lambda *a: _place_from(table, *a), lambda st: go(st) & (st[0] < m), state)
-    if max_steps is None or max_steps > m:  # beyond the table: evaluate the rule
-        state = run(_place_by_rule, go, state)
-    n, carry, slots, held = state
-    return carry, n, slots, held
+
+    def place(n, snap, slots, held):
+        k = table[jnp.minimum(n, m - 1)]
+        if max_steps is None or max_steps > m:
+            k = lax.cond(n < m, lambda h: k, lambda h: store_slot(n, h, n_slots), held)
+        return _stored(n, k, snap, slots, held)
+
+    return place
 
 
 def _stored(n, k, snap, slots, held):
     """``u_n`` in slot ``k`` (nothing if ``k < 0``)."""
     held = jnp.where(k >= 0, held.at[jnp.maximum(k, 0)].set(n), held)
     return _store(slots, k, snap), held
-
-
-def _place_from(table, n, snap, slots, held):
-    """Store ``u_n`` where the ``Online`` rule puts it, read off ``table``."""
-    return _stored(n, table[jnp.minimum(n, table.shape[0] - 1)], snap, slots, held)
-
-
-def _place_by_rule(n, snap, slots, held):
-    """Store ``u_n`` where the ``Online`` rule puts it, evaluating the rule."""
-    return _stored(n, store_slot(n, held, held.shape[0]), snap, slots, held)
 
 
 def advance_steps(body: Body, consts, carry, n_steps, batched=False):
@@ -311,8 +312,9 @@ class _Steps:
         return lax.fori_loop(act.first, act.stop - 1, one, (cur, slots))
 
     def leaf_records(self, act, idx, cur, slots, kbar, cbar, xbar):
-        """A leaf's records, last step first: the last state from the state at hand (or its slot,
-        if the leaf's last state is held), the others each straight from its slot."""
+        """A leaf's records, last step first: the last from the state at hand (or its slot, if
+        the leaf's last state is held), the others each straight from its slot (no state carried
+        from record to record)."""
         last = act.stop - 1
         cur = _load(slots, jnp.where(act.fresh != 0, -1, idx[last - act.start]), cur)
         state = self.record(last, cur, kbar, cbar, xbar)
@@ -460,24 +462,17 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
         return sweep(list(ck[0]), ck[1])
 
     def own():
-        table = _decisions(n_slots, max_steps)
-        m = table.shape[0]
+        place = _placement(n_slots, max_steps)
 
-        def replay(place):
-            def one(n, state):
-                cur, slots, held = state
-                slots, held = place(n, cur, slots, held)
-                return steps.step(cur, n), slots, held
-
-            return one
+        def replay(n, state):
+            cur, slots, held = state
+            slots, held = place(n, cur, slots, held)
+            return steps.step(cur, n), slots, held
 
         state = (body.snapshot(carry0),
                  _zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
                  jnp.full((n_slots,), -1, i32))
-        state = lax.fori_loop(0, jnp.minimum(n_steps, m), replay(
-            lambda *a: _place_from(table, *a)), state)
-        if max_steps is None or max_steps > m:
-            state = lax.fori_loop(m, n_steps, replay(_place_by_rule), state)
+        state = lax.fori_loop(0, n_steps, replay, state)
         return sweep(state[1], state[2])
 
     def zero():
