@@ -710,8 +710,10 @@ def _tan_out_axes(data, dims, *, body, extent, has_snaps, masks):
     _unbatched_steps(d.steps)
 
     def union(values, tangents, mask):
-        it = iter(tangents)
-        return [(v is not None) or (m and next(it) is not None) for v, m in zip(values, mask)]
+        batched = [v is not None for v in values]
+        for j, t in zip((j for j, m in enumerate(mask) if m), tangents):
+            batched[j] = batched[j] or t is not None
+        return batched
 
     mc, mk, mx = masks
     carry_b, ys_b = carry_fixpoint(body.jaxpr, data, union(d.consts, d.dconsts, mc),
