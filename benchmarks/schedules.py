@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from retrograde.schedules import Online, revolve_optimum, simulate
-from retrograde.schedules._online import online_totals
+from retrograde.schedules import Online, online_totals, revolve_optimum, simulate
 
 SNAPSHOTS = (4, 8, 16, 44)
 NS = (100, 1_000, 10_000, 100_000)

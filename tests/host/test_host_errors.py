@@ -13,7 +13,7 @@ import retrograde.host as rh
 from retrograde import schedules as rs
 from retrograde.host import _storage
 
-import _host_problems as P
+from . import _host_problems as P
 
 N = 6
 
@@ -92,7 +92,7 @@ def test_caller_arguments_are_checked():
             fp.vjp(np.ones(4, dtype=np.int64))
     with _raises(TypeError, "until at step 0", "shape (4,)", "bool"):
         rh.value_and_grad(rh.Step(_fwd, _vjp), FINAL, np.ones(4), 1.5, None,
-                          schedule=P.online(3), until=lambda n, u: u > 0)
+                          schedule=rs.Online(3), until=lambda n, u: u > 0)
     with _raises(ValueError, "Step.jvp at step 0", "next_state_dot of shape (2,)"):
         rh.jvp(rh.Step(_fwd, _vjp, jvp=lambda n, u, a, ud, ad: (_fwd(n, u, a), ud[:2])),
                np.ones(4), 1.5, 3)

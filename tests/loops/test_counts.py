@@ -47,9 +47,8 @@ SCHEDULES = [
     ("StoreAll", rs.StoreAll()),
     ("RecomputeAll", rs.RecomputeAll()),
     ("Periodic3", rs.Periodic(3)),
+    ("MultiLevel2+3", rs.MultiLevel([rs.Level(2), rs.Level(3)])),
 ]
-if P.multilevel() is not None:
-    SCHEDULES.append(("MultiLevel2+3", P.multilevel()))
 
 
 @pytest.mark.parametrize("schedule", [s for _, s in SCHEDULES], ids=[i for i, _ in SCHEDULES])

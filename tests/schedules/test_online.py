@@ -18,12 +18,12 @@ from retrograde.schedules import (
     beta,
     online_store_slot,
     online_targets,
+    online_totals,
     repetition_number,
     revolve_optimum,
     segment_cost,
     simulate,
 )
-from retrograde.schedules._online import online_totals
 from retrograde.schedules._optimum import optimum
 
 TARGET_S = (4, 8, 16, 44)

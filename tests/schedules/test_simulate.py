@@ -8,12 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrograde import schedules
 from retrograde.schedules import (
     Advance,
     End,
     Free,
     Level,
+    MultiLevel,
+    Online,
     OnlineRun,
     OnlineSchedule,
     Periodic,
@@ -190,28 +191,10 @@ def test_online_schedule_refuses_fixed_n():
 
 
 def _schedules(slots: int) -> list:
-    """Every schedule that exists in ``retrograde.schedules``, configured with ``slots``."""
-    out = [Revolve(slots), StoreAll(), RecomputeAll(), Periodic(slots)]
-    multi = getattr(schedules, "MultiLevel", None)
-    if multi is not None:
-        out += _multilevel_instances(multi, slots)
-    online = getattr(schedules, "Online", None)
-    if online is not None:
-        out.append(online(slots))
-    return out
-
-
-def _multilevel_instances(multi, slots: int) -> list:
-    """MultiLevel is written in parallel; build it through whichever signature it has."""
-    out = []
+    """Every schedule of ``retrograde.schedules``, configured with ``slots``."""
+    out = [Revolve(slots), StoreAll(), RecomputeAll(), Periodic(slots), Online(slots)]
     for disk in (None, max(1, slots // 2)):
-        levels = (Level(slots), Level(disk, write_cost=2.0, read_cost=2.0))
-        for attempt in (lambda: multi(levels=levels), lambda: multi(levels), lambda: multi(*levels)):
-            try:
-                out.append(attempt())
-                break
-            except TypeError:
-                continue
+        out.append(MultiLevel([Level(slots), Level(disk, write_cost=2.0, read_cost=2.0)]))
     return out
 
 

@@ -16,7 +16,9 @@ from ._optimum import beta, repetition_number, revolve_optimum
 from ._revolve import Revolve, binomial_reversal, largest_split, reverse_held, revolve_split
 from ._simple import Periodic, RecomputeAll, StoreAll
 from ._simulate import Simulator, Stats, execute, simulate
-from ._online import Online, online_decisions, online_store_slot, online_targets, segment_cost
+from ._online import (
+    Online, online_decisions, online_store_slot, online_targets, online_totals, segment_cost,
+)
 from ._multilevel import MultiLevel
 from ._default import default_schedule, default_snapshots
 
@@ -28,7 +30,8 @@ __all__ = [
     "beta", "repetition_number", "revolve_optimum",
     "Revolve", "binomial_reversal", "reverse_held", "revolve_split", "largest_split",
     "Periodic", "RecomputeAll", "StoreAll",
-    "Online", "online_decisions", "online_store_slot", "online_targets", "segment_cost",
+    "Online", "online_decisions", "online_store_slot", "online_targets", "online_totals",
+    "segment_cost",
     "MultiLevel", "default_schedule", "default_snapshots",
     "Simulator", "Stats", "execute", "simulate",
 ]
