@@ -167,7 +167,7 @@ class _Stream(rs.OfflineSchedule):
 ])
 def test_the_simulator_checks_every_action_before_the_driver_runs_it(actions, fragment, steps,
                                                                      adjoints):
-    """The driver executes an action only once the symbolic machine has: an invalid one raises
+    """The driver executes an action only once the simulator has: an invalid one raises
     ScheduleError with the simulator's message, and runs no step (nor adjoint)."""
     calls = {"forward": 0, "vjp": 0}
 

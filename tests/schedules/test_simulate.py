@@ -1,4 +1,4 @@
-"""The symbolic machine: it accepts every valid schedule and rejects every invalid stream."""
+"""The simulator: it accepts every valid schedule and rejects every invalid stream."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def test_action_after_end():
 
 
 def test_exceeding_a_levels_slots_with_a_real_schedule():
-    # Revolve(3) declares three slots; run its stream on a machine with two.
+    # Revolve(3) declares three slots; run its stream on a simulator with two.
     with pytest.raises(ScheduleError, match="slots"):
         execute(Revolve(3).actions(20), 20, (Level(2),))
 

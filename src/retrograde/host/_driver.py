@@ -8,7 +8,7 @@ the first sweep's snapshots stay until :meth:`ForwardPass.close`.
 
 A :class:`_Sweep` executes the actions of one sweep: it holds the state at hand and the slots,
 and has one method per action kind (a :class:`~retrograde.schedules.Executor`). Every action is
-first executed by the symbolic machine (:class:`~retrograde.schedules.Simulator`), so that the
+first executed by the simulator (:class:`~retrograde.schedules.Simulator`), so that the
 driver runs only actions proven valid: the state it needs is at hand or in the slot it names.
 
 Arrays (see :mod:`._trees` for the ownership rules): the driver copies a state when it stores a
@@ -523,7 +523,7 @@ class _Lookahead:
 
 
 class _Checker(Simulator):
-    """The symbolic machine of a sweep; a restore or free of a slot that does not hold the
+    """The simulator of a sweep; a restore or free of a slot that does not hold the
     step is a :class:`SnapshotError` here (a missing snapshot is never replaced)."""
 
     def not_held(self, action, holds):

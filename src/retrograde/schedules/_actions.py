@@ -1,9 +1,9 @@
 """The action vocabulary that every schedule speaks.
 
-A schedule for ``N`` steps of ``u_{n+1} = step(u_n)`` is executed by a machine that holds one
+A schedule for ``N`` steps of ``u_{n+1} = step(u_n)`` is executed by an executor that holds one
 *current* state (the state ``u_n`` "at hand") and a number of snapshot slots on one or more
 storage levels (level 0 is the fastest, e.g. device memory; later levels may be host memory
-or disk). The machine understands six actions:
+or disk). The vocabulary has six actions:
 
 =============================  ==============================================================
 ``Advance(start, stop)``       Plain evaluation of steps ``start .. stop-1``: the current state

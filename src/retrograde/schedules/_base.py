@@ -91,7 +91,7 @@ def check_snapshots(snapshots: int, name: str = "snapshots") -> int:
 class Schedule(abc.ABC):
     """Base class of every checkpointing schedule.
 
-    A schedule is an immutable description; executing it is the business of a machine (the
+    A schedule is an immutable description; executing it is the business of an executor (the
     simulator, the JAX loops, the host loop driver) that consumes its actions.
 
     Example:

@@ -68,8 +68,7 @@ class MultiLevel(OfflineSchedule):
     level 0 (slot 0, as in :class:`Revolve`); with a cheap enough disk it is written to disk (one
     ``w_d``) so that all level-0 slots are free for the segments. Restoring a state costs the read
     cost of the level it is restored from, also right after it was written; a one-step loop stores
-    nothing. Keeping ``u_0`` pinned in a level-0 slot instead gives 2991 / 3273 / 4043 in the
-    example below (not 3246 / 4014).
+    nothing.
 
     **Optimality.** Leading levels with level 0's costs are pooled into one set of fast slots
     (a slot is a slot). Proven-optimal cases (the dynamic programme equals the Disk-Revolve
@@ -92,15 +91,15 @@ class MultiLevel(OfflineSchedule):
     * larger ones get the best of (a) the chain DP above with per-level slot counts (level-0
       segments use Revolve; limited levels try all segment lengths up to 64, then a 6% grid up
       to 8192) and (b) Stumm & Walther's multistage heuristic: Revolve with all limited slots,
-      the most-read slots on the fastest levels. Against the exhaustive DP on 1200 random 2-3
-      level instances (``N <= 28``) their worst gap was 11.4% (mean 0.25%, 87% exact).
+      the most-read slots on the fastest levels (measured gaps to the exhaustive DP:
+      ``docs/choosing-a-schedule.md``).
 
     Every schedule is valid, and the candidates include Revolve on level 0 alone, so the cost
     never exceeds ``Revolve(levels[0].slots)``'s cost under level 0's costs.
 
     **Generation cost.** ``O(N)`` memory for the tables; time ``O(N |C| + J^2)`` where ``J`` is the
-    longest useful chain segment and ``C`` the candidate segment lengths (about 0.1-1 s at
-    ``N = 1e5``); limited slow levels multiply by their (capped) slot counts. Solutions are cached
+    longest useful chain segment and ``C`` the candidate segment lengths; limited slow levels
+    multiply by their (capped) slot counts. Solutions are cached
     per ``(schedule, N)``. Streaming the actions is ``O(N)`` per unit of recomputation, like
     :class:`Revolve`.
 

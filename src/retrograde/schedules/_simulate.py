@@ -1,4 +1,4 @@
-"""A symbolic machine that executes a schedule's actions, proves them valid, and counts cost."""
+"""The simulator: executes a schedule's actions on step numbers, proves them valid, counts cost."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class Stats:
 
 
 class Simulator(Executor):
-    """The symbolic machine: executes actions on step numbers instead of states, raises
+    """The simulator: executes actions on step numbers instead of states, raises
     :class:`ScheduleError` at the first impossible one, and counts what they cost.
 
     It holds the step of the state at hand (:attr:`current`, ``None`` after a ``Record``), the
@@ -199,7 +199,7 @@ class Simulator(Executor):
 
 
 def execute(actions: Iterable, n_steps: int, levels: tuple[Level, ...]) -> Stats:
-    """Run an explicit action stream on the symbolic machine (``u_0`` at hand at the start).
+    """Run an explicit action stream on the simulator (``u_0`` at hand at the start).
 
     Example:
         >>> from retrograde.schedules import Advance, End, Level, Record, Restore, Store, execute
@@ -211,7 +211,7 @@ def execute(actions: Iterable, n_steps: int, levels: tuple[Level, ...]) -> Stats
 
 
 def simulate(schedule: Schedule, n_steps: int) -> Stats:
-    """Execute ``schedule`` for ``n_steps`` steps on a symbolic machine.
+    """Execute ``schedule`` for ``n_steps`` steps on the simulator.
 
     Raises :class:`ScheduleError` if the schedule is invalid: a recorded step without its state at
     hand or out of order, a restore of an unwritten or freed slot, a store into an occupied slot or
