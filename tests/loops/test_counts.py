@@ -16,8 +16,6 @@ import pytest
 import retrograde
 from retrograde import schedules as rs
 
-from . import _problems as P
-
 N = 20
 CALLS: list[int] = []
 

@@ -118,6 +118,21 @@ class Schedule(abc.ABC):
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class MemorySlots:
+    """Mixin of a schedule with ``snapshots`` slots in one memory level (the slot holding the
+    initial state included): the field, its check and the level."""
+
+    snapshots: int
+
+    def __post_init__(self):
+        check_snapshots(self.snapshots, f"{type(self).__name__}(snapshots=...)")
+
+    @property
+    def levels(self) -> tuple[Level, ...]:
+        return (Level(self.snapshots, name="memory"),)
+
+
 class OfflineSchedule(Schedule):
     """A schedule that is planned for a step count known before the loop runs.
 

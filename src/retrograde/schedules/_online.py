@@ -35,7 +35,7 @@ import functools
 from collections.abc import Iterator, Sequence
 
 from ._actions import Action, Free, Store
-from ._base import Level, OnlineRun, OnlineSchedule, check_snapshots, check_steps
+from ._base import MemorySlots, OnlineRun, OnlineSchedule, check_snapshots, check_steps
 from ._optimum import optimum, repetition
 from ._revolve import reverse_held
 
@@ -297,13 +297,14 @@ class _OnlineRun(OnlineRun):
 
 
 @dataclasses.dataclass(frozen=True)
-class Online(OnlineSchedule):
+class Online(MemorySlots, OnlineSchedule):
     """Checkpointing for a loop whose step count is unknown until it stops, ``s`` slots.
 
     The forward sweep keeps at most ``snapshots`` states (``u_0``'s slot included) chosen by
     :func:`online_store_slot`; the reversal reverses the segments between them with Revolve.
     Cost: ``N`` plain evaluations forward, :func:`segment_cost` of the held set to reverse, ``N``
-    recorded (against the offline optimum ``t(N, s) + N``: see the module docstring). Peak slots: ``min(s, N)``. Memory to generate the actions: ``O(s)``. ``on_step`` costs ``O(1)``
+    recorded (against the offline optimum ``t(N, s) + N``: see the module docstring). Peak
+    slots: ``min(s, N)``. Memory to generate the actions: ``O(s)``. ``on_step`` costs ``O(1)``
     evaluations of ``t`` when it stores nothing and ``O(s)`` when it stores (the held set's costs
     are cached); the decisions are exactly those of :func:`online_store_slot`.
 
@@ -316,15 +317,6 @@ class Online(OnlineSchedule):
         >>> stats.peak_slots, stats.evaluations, revolve_optimum(1000, 16) + 1000
         ((16,), 3866, 3860)
     """
-
-    snapshots: int
-
-    def __post_init__(self):
-        check_snapshots(self.snapshots, "Online(snapshots=...)")
-
-    @property
-    def levels(self) -> tuple[Level, ...]:
-        return (Level(self.snapshots, name="memory"),)
 
     def start(self) -> OnlineRun:
         return _OnlineRun(self.snapshots)

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 
 from ._actions import Action, Advance, End, Free, Record, Restore, Store, relabel
-from ._base import Level, OfflineSchedule, check_snapshots, check_steps
+from ._base import MemorySlots, OfflineSchedule, check_steps
 from ._optimum import beta, repetition
 
 __all__ = [
@@ -68,7 +68,7 @@ def largest_split(n_steps: int, snapshots: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class Revolve(OfflineSchedule):
+class Revolve(MemorySlots, OfflineSchedule):
     """Optimal offline binomial checkpointing with ``snapshots`` slots in one storage level.
 
     Plain evaluations equal the proven optimum ``t(N, s) = r*N - C(s+r, s+1)``
@@ -84,15 +84,6 @@ class Revolve(OfflineSchedule):
         >>> simulate(Revolve(5), 100).plain
         316
     """
-
-    snapshots: int
-
-    def __post_init__(self):
-        check_snapshots(self.snapshots, "Revolve(snapshots=...)")
-
-    @property
-    def levels(self) -> tuple[Level, ...]:
-        return (Level(self.snapshots, name="memory"),)
 
     def actions(self, n_steps: int) -> Iterator[Action]:
         n_steps = check_steps(n_steps)
