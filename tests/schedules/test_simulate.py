@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from retrograde.schedules import (
     Advance,
     End,
+    Executor,
     Free,
     Level,
     MultiLevel,
@@ -23,10 +24,12 @@ from retrograde.schedules import (
     Restore,
     Revolve,
     ScheduleError,
+    Simulator,
     StoreAll,
     Store,
     execute,
     revolve_optimum,
+    schedule_stream,
     simulate,
 )
 
@@ -294,3 +297,70 @@ def test_level_arguments():
 def test_simulate_rejects_non_schedules():
     with pytest.raises(TypeError, match="Schedule"):
         simulate(object(), 3)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# The simulator as an Executor: copies, online step counts, one dispatch
+# --------------------------------------------------------------------------------------------
+
+
+def test_copies_of_a_simulator_continue_independently():
+    # What the host driver does: one first sweep, then each reverse sweep from a copy.
+    actions = list(Revolve(3).actions(20))
+    first = next(i for i, a in enumerate(actions) if type(a) is Record)
+    sim = Simulator(Revolve(3).levels, 20).run(actions[:first])
+    one, two = sim.copy().run(actions[first:]), sim.copy().run(actions[first:])
+    assert one.stats() == two.stats() == simulate(Revolve(3), 20)
+    assert not sim.ended and sim.recorded == 0 and sim.current == 19 and sim.held != one.held
+
+
+def test_online_step_count_is_given_when_the_loop_stops():
+    run = Online(3).start()
+    sim = Simulator(Online(3).levels, None).run(run.forward(lambda n: n < 7))
+    with pytest.raises(ScheduleError, match="cannot stop after 5 steps"):
+        sim.copy().stopped(5)
+    sim.stopped(7)
+    with pytest.raises(ScheduleError, match="N is 7 already"):
+        sim.copy().stopped(7)
+    assert sim.run(run.reverse(7)).stats() == simulate(Online(3), 7)
+    with pytest.raises(ScheduleError, match="step count is unknown"):
+        Simulator(ONE, None).run([Advance(0, 1), Record(0)])
+
+
+def test_schedule_stream_plays_the_online_protocol():
+    stream = list(schedule_stream(Online(4), 30))
+    assert execute(stream, 30, Online(4).levels) == simulate(Online(4), 30)
+    assert sum(type(a) is Advance and a.stop - a.start == 1 for a in stream[:60]) >= 30
+    assert list(schedule_stream(Revolve(4), 30)) == list(Revolve(4).actions(30))
+    with pytest.raises(TypeError, match="Schedule"):
+        schedule_stream(object(), 3)
+
+
+def test_executor_dispatches_every_kind_once():
+    seen = []
+
+    class Log(Executor):
+        def advance(self, a):
+            seen.append(a)
+
+        def store(self, a):
+            seen.append(a)
+
+        def restore(self, a):
+            seen.append(a)
+
+        def free(self, a):
+            seen.append(a)
+
+        def record(self, a):
+            seen.append(a)
+
+        def end(self, a):
+            seen.append(a)
+
+    actions = list(Periodic(3).actions(10))
+    assert Log().run(actions).ended and seen == actions
+    with pytest.raises(ScheduleError, match="after End"):
+        Log().run([End(), Record(0)])
+    with pytest.raises(ScheduleError, match="Unknown action"):
+        Executor().execute((0, 1))

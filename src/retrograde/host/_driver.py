@@ -574,13 +574,16 @@ class _Sweep(Executor):
         """Execute ``actions`` up to ``End`` (in the first sweep: up to the first ``Record`` or
         ``End``, which stays unexecuted); returns how many were executed."""
         self.ahead = it = _Lookahead(actions)
-        while (a := it.peek()) is not None:
-            if first_sweep and type(a) in (Record, End):
-                break
-            it.take()
-            self.execute(a)
-            if type(a) is End:
-                break
+        try:
+            while (a := it.peek()) is not None:
+                if first_sweep and type(a) in (Record, End):
+                    break
+                it.take()
+                self.execute(a)
+                if type(a) is End:
+                    break
+        finally:
+            self.ahead = None  # the stream may refer back to this sweep (an online forward)
         return it.taken
 
     def execute(self, action) -> None:
