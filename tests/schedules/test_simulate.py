@@ -340,23 +340,10 @@ def test_executor_dispatches_every_kind_once():
     seen = []
 
     class Log(Executor):
-        def advance(self, a):
+        def log(self, a):
             seen.append(a)
 
-        def store(self, a):
-            seen.append(a)
-
-        def restore(self, a):
-            seen.append(a)
-
-        def free(self, a):
-            seen.append(a)
-
-        def record(self, a):
-            seen.append(a)
-
-        def end(self, a):
-            seen.append(a)
+        advance = store = restore = free = record = end = log
 
     actions = list(Periodic(3).actions(10))
     assert Log().run(actions).ended and seen == actions

@@ -131,7 +131,8 @@ class Executor:
     ``store``, ``restore``, ``free``, ``record``, ``end``, each taking the action), and
     :meth:`execute`/:meth:`run`, which dispatch to them. A subclass overrides the kinds it acts
     on; the others do nothing. ``End`` ends the stream: any action after it, and any object
-    that is not an action, raises :class:`ScheduleError`.
+    that is not an action, raises :class:`ScheduleError`. For speed, a subclass's methods are
+    looked up once, when the class is created: define them in the class body.
 
     Example, counting the plain evaluations of a stream:
         >>> from retrograde.schedules import Executor, Revolve
