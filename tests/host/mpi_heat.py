@@ -63,10 +63,8 @@ def main() -> int:
     directory = sys.argv[1] if len(sys.argv) > 1 else None
     ok = True
     results = []
-    schedules = [rs.Revolve(4)]
-    if hasattr(rs, "MultiLevel"):
-        schedules.append(rs.MultiLevel([rs.Level(2, name="memory"),
-                                        rs.Level(4, write_cost=1, read_cost=1, name="disk")]))
+    schedules = [rs.Revolve(4), rs.MultiLevel([rs.Level(2, name="memory"),
+                                               rs.Level(4, write_cost=1, read_cost=1, name="disk")])]
     for sched in schedules:
         storage = {i: rh.Disk(directory, comm=comm) if i == len(sched.levels) - 1
                    else rh.Memory() for i in range(len(sched.levels))}

@@ -1,5 +1,5 @@
-"""``jax.lax`` semantics of the front ends ``retrograde.scan`` / ``fori_loop`` / ``while_loop``
-(issue #19's lax-semantics items, issue #17 point 6), each compared against ``jax.lax`` itself:
+"""``jax.lax`` semantics of the front ends ``retrograde.scan`` / ``fori_loop`` / ``while_loop``,
+each compared against ``jax.lax`` itself:
 
 - ``scan(reverse=True)``: values and derivatives (grad, jvp, vmap, hessian) to 1e-12 in float64,
   evaluation counts those of the schedule;

@@ -26,7 +26,7 @@ from jax import lax
 
 from . import _machine as machine
 from ._body import Body, is_float
-from ..schedules._online import online_decisions
+from ..schedules import online_decisions
 from ._placement import store_slot
 from ._plan import Plan
 

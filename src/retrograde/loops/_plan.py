@@ -18,7 +18,7 @@ import functools
 
 import numpy as np
 
-from ..schedules import Advance, OfflineSchedule, Record, Restore, Schedule, Store
+from ..schedules import Advance, Executor, OfflineSchedule, Record, Restore, Schedule, Store
 from ._machine import LEAF, MOVE
 
 
@@ -107,20 +107,30 @@ def _table_plan(schedule: OfflineSchedule, length: int) -> Plan:
     if length and at != length - 1:
         raise ValueError(f"{schedule!r}: the first sweep must end at step {length - 1}.")
 
-    rows = []
-    for act in actions[k:]:
-        kind = type(act)
-        if kind is Restore:
-            rows.append((MOVE, offset[act.level] + act.slot, act.step, act.step, 0, -1, 0))
-        elif kind is Advance:
-            rows.append((MOVE, -1, act.start, act.stop, 0, -1, 0))
-        elif kind is Store:
-            rows.append((MOVE, -1, act.step, act.step, 0, offset[act.level] + act.slot, 0))
-        else:  # Record: a one-step leaf from the state at hand
-            rows.append((LEAF, -1, act.step, act.step + 1, act.step, -1, 1))
+    rows = _Rows(offset).run(actions[k:]).rows
     pts = np.asarray(stores, np.int32).reshape(-1, 2)
     return Plan(length, n_slots, pts[:, 0].copy(), pts[:, 1].copy(),
                 np.asarray(_merge_moves(rows), np.int32).reshape(-1, 7))
+
+
+class _Rows(Executor):
+    """The reverse sweep as the machine's rows, the slots of level ``l`` from ``offset[l]`` on."""
+
+    def __init__(self, offset: dict[int, int]):
+        self.offset = offset
+        self.rows: list[tuple[int, ...]] = []
+
+    def restore(self, act: Restore) -> None:
+        self.rows.append((MOVE, self.offset[act.level] + act.slot, act.step, act.step, 0, -1, 0))
+
+    def advance(self, act: Advance) -> None:
+        self.rows.append((MOVE, -1, act.start, act.stop, 0, -1, 0))
+
+    def store(self, act: Store) -> None:
+        self.rows.append((MOVE, -1, act.step, act.step, 0, self.offset[act.level] + act.slot, 0))
+
+    def record(self, act: Record) -> None:  # a one-step leaf from the state at hand
+        self.rows.append((LEAF, -1, act.step, act.step + 1, act.step, -1, 1))
 
 
 def _merge_moves(rows):

@@ -27,8 +27,7 @@ from jax._src import core, dispatch
 from jax._src.interpreters import ad, mlir
 from jax.extend.core import Primitive, jaxpr_as_fun
 
-from ..schedules import Online, Schedule
-from ..schedules._base import check_steps
+from ..schedules import Online, Schedule, check_steps
 from . import _levels
 from ._body import Body, guarded, make_body, split
 from ._carry import (
