@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 
 from retrograde.loops import _machine as M
-from retrograde.loops._binomial import COST_CAP, _optimum_table, optimum, split_largest
+from retrograde.loops import _binomial as B
+from retrograde.loops._binomial import COST_CAP, _optimum_table, optimum
 from retrograde.loops._placement import store_slot
 from retrograde.schedules import (
+    largest_split, online_decisions, online_store_slot,
     Advance, End, Free, Level, Online, Periodic, RecomputeAll, Record, Restore, Revolve,
     StoreAll, Store, execute, revolve_optimum, simulate,
 )
-from retrograde.schedules._online import online_decisions, online_store_slot
-from retrograde.schedules._revolve import largest_split
 
 CAPACITY = 3000
 
@@ -191,7 +191,7 @@ def test_split_largest_matches_python(s_max):
     cases = [(n, s) for s in range(2, s_max + 1) for n in range(s + 2, 3001, 3 if s > 3 else 1)]
     cases += [(10**6, 2), (10**6, 3), (200_000, 5)]
     ns, ss = (jnp.asarray(v, jnp.int32) for v in zip(*cases))
-    got = jax.jit(jax.vmap(lambda n, s: split_largest(n, s, s_max)))(ns, ss)
+    got = jax.jit(jax.vmap(lambda n, s: B.largest_split(n, s, s_max)))(ns, ss)
     assert np.asarray(got).tolist() == [largest_split(n, s) for n, s in cases]
     for s in range(2, min(s_max, 8) + 1):
         for n in range(s + 2, 200):

@@ -5,7 +5,7 @@ these under ``jax.vmap``, see :mod:`._levels`), so it only uses ``jax.lax``. Cos
 of ``N`` steps and a schedule with ``t`` plain evaluations and ``S`` slots:
 
 - :func:`forward`: ``N`` plain evaluations; memory: the carry, the ``ys`` (``O(N)`` by nature)
-  and, with a plan, ``S`` snapshots plus the state ``u_{N-1}``.
+  and, with tables, ``S`` snapshots plus the state ``u_{N-1}``.
 - :func:`adjoint`: from saved snapshots ``t - (N - 1)`` plain and ``N`` recorded evaluations,
   otherwise ``t`` plain and ``N`` recorded; memory: ``S`` snapshots, the carry and its
   cotangent, one step's VJP working set, and the cotangents of ``xs`` (``O(N)``, only if wanted).
@@ -28,7 +28,7 @@ from . import _machine as machine
 from ._body import Body, is_float
 from ..schedules import online_decisions
 from ._placement import store_slot
-from ._plan import Plan
+from ._tables import Tables
 
 i32 = jnp.int32
 
@@ -100,20 +100,20 @@ def _confined(seeds, sweep, zero, axes):
 # ----------------------------------------------------------------------------- forward sweeps
 
 
-def forward(body: Body, length: int, consts, carry, xs, plan: Plan | None = None, *,
+def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = None, *,
             ys: bool = True, slots=None, unroll=1, batched=False):
     """Run all ``N = length`` steps. Returns ``(carry_N, ys, snaps)``: the stacked per-step
-    outputs (none unless ``ys``), and with a ``plan`` its snapshots, ``S`` rows of each stored
+    outputs (none unless ``ys``), and with ``tables`` the snapshots, ``S`` rows of each stored
     carry leaf (written into ``slots`` if given) followed by the stored leaves of ``u_{N-1}``."""
-    n = plan.length if plan is not None else length
+    n = tables.length if tables is not None else length
     step = body.runner(batched)
     ys_buf = _zeros(body.y_avals, (n,)) if ys else []
-    if plan is not None and slots is None:
-        slots = _zeros(body.snapshot_avals, (plan.n_slots,))
+    if tables is not None and slots is None:
+        slots = _zeros(body.snapshot_avals, (tables.n_slots,))
 
     def advance(i, state):
         carry, ys_buf, slots, ptr = state
-        if plan is not None:
+        if tables is not None:
             hit = steps[ptr] == i
             slots = lax.cond(
                 hit, lambda s: _put(s, body.snapshot(carry), where[ptr]), lambda s: list(s), slots
@@ -122,13 +122,13 @@ def forward(body: Body, length: int, consts, carry, xs, plan: Plan | None = None
         new, y = step(consts, carry, _slice(xs, i))
         return new, _put(ys_buf, y, i) if ys else ys_buf, slots, ptr
 
-    if plan is not None:
-        steps = jnp.asarray(np.append(plan.store_steps, n).astype(np.int32))
-        where = jnp.asarray(np.append(plan.store_slots, 0).astype(np.int32))
-    state = (list(carry), ys_buf, list(slots) if plan is not None else [], i32(0))
+    if tables is not None:
+        steps = jnp.asarray(np.append(tables.store_steps, n).astype(np.int32))
+        where = jnp.asarray(np.append(tables.store_slots, 0).astype(np.int32))
+    state = (list(carry), ys_buf, list(slots) if tables is not None else [], i32(0))
     if n == 0:  # nothing to trace (a step would index an empty xs)
-        return list(carry), ys_buf, ([*state[2], *body.snapshot(carry)] if plan else [])
-    if plan is None:
+        return list(carry), ys_buf, ([*state[2], *body.snapshot(carry)] if tables else [])
+    if tables is None:
         carry, ys_buf, _, _ = lax.fori_loop(0, n, advance, state, unroll=unroll)
         return carry, ys_buf, []
     # The last step is taken apart: its state u_{N-1} is the reverse sweep's first.
@@ -336,7 +336,7 @@ class _Binomial:
     leaf_slots = staticmethod(machine.leaf_slots)
 
 
-class _Table:
+class _RowSource:
     """Macro-actions read off a table of rows (each leaf records one step, at hand)."""
 
     def __init__(self, rows, n_slots):
@@ -393,15 +393,15 @@ def _cotangent_init(body, consts, xs, keep=None):
     return consts_bar, xs_bar
 
 
-def _source(plan: Plan):
-    if plan.rows is not None:
-        return _Table(plan.rows, plan.n_slots)
-    steps, slots, count = plan.held
-    return _Binomial(plan.n_slots, jnp.asarray(steps), jnp.asarray(slots), count, plan.length,
+def _source(tables: Tables):
+    if tables.rows is not None:
+        return _RowSource(tables.rows, tables.n_slots)
+    steps, slots, count = tables.held
+    return _Binomial(tables.n_slots, jnp.asarray(steps), jnp.asarray(slots), count, tables.length,
                      at_hand=True)
 
 
-def adjoint(body: Body, plan: Plan, consts, carry0, xs, snaps, carry_bar, ys_bar, ymask,
+def adjoint(body: Body, tables: Tables, consts, carry0, xs, snaps, carry_bar, ys_bar, ymask,
             keep=None, axes=()):
     """Execute the schedule's reverse sweep from the forward sweep's snapshots ``snaps`` (as
     :func:`forward` returns them), or, with ``snaps is None``, its forward sweep first; return
@@ -414,13 +414,13 @@ def adjoint(body: Body, plan: Plan, consts, carry0, xs, snaps, carry_bar, ys_bar
     the names of the ``vmap`` axes this runs under (see :func:`_confined`).
     """
     consts_bar, xs_bar = _cotangent_init(body, consts, xs, keep)
-    if plan.length == 0:
+    if tables.length == 0:
         return consts_bar, list(carry_bar), xs_bar
     steps = _Steps(body, consts, xs, ys_bar, ymask, keep, bool(axes))
     ns = sum(body.stored)
 
     def sweep(snaps):
-        kbar, cbar, xbar = _reverse(steps, _source(plan), snaps[ns:], snaps[:ns], carry_bar,
+        kbar, cbar, xbar = _reverse(steps, _source(tables), snaps[ns:], snaps[:ns], carry_bar,
                                     consts_bar, xs_bar)
         return cbar, kbar, xbar
 
@@ -428,8 +428,8 @@ def adjoint(body: Body, plan: Plan, consts, carry0, xs, snaps, carry_bar, ys_bar
         return sweep(list(snaps))
 
     def own():
-        rows = _zeros_after(body.snapshot_avals, (plan.n_slots,), [*carry_bar, *carry0])
-        _, _, laid = forward(body, plan.length, consts, carry0, xs, plan, ys=False, slots=rows,
+        rows = _zeros_after(body.snapshot_avals, (tables.n_slots,), [*carry_bar, *carry0])
+        _, _, laid = forward(body, tables.length, consts, carry0, xs, tables, ys=False, slots=rows,
                              batched=bool(axes))
         return sweep(laid)
 

@@ -47,9 +47,9 @@ from jax.extend.core import Primitive
 
 from ..schedules import Schedule
 from . import _levels
-from ._body import Body, is_float, jvp_body, split
+from ._body import Body, cut, is_float, jvp_body
 from ._execute import adjoint, adjoint_while, advance_steps, forward
-from ._plan import compile_plan
+from ._tables import tables_for
 
 fwd_p = Primitive("retrograde_forward")
 tan_p = Primitive("retrograde_tangent")
@@ -91,10 +91,10 @@ class Extent:
         """Snapshot slots."""
         if self.dynamic:
             return self.schedule.snapshots
-        return compile_plan(self.schedule, self.length).n_slots
+        return tables_for(self.schedule, self.length).n_slots
 
-    def plan(self):
-        return compile_plan(self.schedule, self.length)
+    def tables(self):
+        return tables_for(self.schedule, self.length)
 
     def snapshot_avals(self, body: Body) -> list:
         """The snapshots: ``S`` rows of each stored carry leaf, then the stored leaves of
@@ -112,7 +112,7 @@ class Extent:
 
 
 def _groups(cls, args, sizes):
-    parts = split(args, sizes)
+    parts = cut(args, sizes)
     assert sum(sizes) == len(args), (cls.__name__, sizes, len(args))
     return cls(*parts)
 
@@ -305,8 +305,8 @@ adj_p.def_effectful_abstract_eval(
 
 def _fwd_impl(args, body, extent, save, axes):
     a = FwdArgs.of(args, body)
-    plan = extent.plan() if save else None
-    carry, ys, snaps = forward(body, extent.length, a.consts, a.carry, a.xs, plan,
+    tables = extent.tables() if save else None
+    carry, ys, snaps = forward(body, extent.length, a.consts, a.carry, a.xs, tables,
                                unroll=extent.unroll, batched=bool(axes))
     return [*carry, *ys, *snaps]
 
@@ -331,7 +331,7 @@ def _adj_impl(args, body, extent, has_snaps, ymask, keep, axes):
                                    a.carry, snaps,
                                    a.carry_bar, keep, axes)
         return [*cbar, *kbar]
-    cbar, kbar, xbar = adjoint(body, extent.plan(), a.consts, a.carry, a.xs,
+    cbar, kbar, xbar = adjoint(body, extent.tables(), a.consts, a.carry, a.xs,
                                a.snaps if has_snaps else None, a.carry_bar, a.ys_bar, ymask,
                                keep, axes)
     return [*cbar, *kbar, *xbar]
@@ -377,7 +377,7 @@ def apply_tangent(body, extent, z, snaps, dz, steps=()):
                    [_inst(t) for t in _pick(mk, dk)], _pick(mx, dx))
     outs = tan_p.bind(*_flat(args), body=body, extent=extent, has_snaps=bool(snaps),
                       masks=(mc, mk, mx), levels=())
-    tk, ty = split(outs, [sum(mk), sum(my)])
+    tk, ty = cut(outs, [sum(mk), sum(my)])
     return _expand(mk, tk, body.carry_avals), _expand(my, ty, y_avals)
 
 
@@ -442,7 +442,7 @@ def adjoint_tangent(body, extent, z, dz, w, dw, steps=(), keep=None) -> AdjOuts:
 def _fwd_jvp(primals, tangents, *, body, extent, save, levels):
     a, t = FwdArgs.of(primals, body), FwdArgs.of(tangents, body)
     outs = forward_loop(body, extent, a.consts, a.carry, a.xs, save=True)
-    carry, ys, snaps = split(outs, [body.nk, body.ny, extent.n_snapshots(body)])
+    carry, ys, snaps = cut(outs, [body.nk, body.ny, extent.n_snapshots(body)])
     # When ``save`` is already set, an adjoint of an inner derivative reads these snapshots.
     # The transpose of this tangent then re-lays its own instead of sharing them: sharing would
     # keep them alive (and force a copy) beside the inner derivative's augmented sweeps; this
@@ -509,7 +509,7 @@ def _tan_transpose(cts, *args, body, extent, has_snaps, masks, levels):
     a = TanArgs.of(args, body, extent, has_snaps, masks)
     if any(_undef(v) for v in [*a.steps, *a.consts, *a.carry, *a.xs, *a.snaps]):
         raise NotImplementedError("retrograde: tan_p is linear only in its tangent inputs.")
-    ctk, cty = split(cts, [sum(mk), sum(my)])
+    ctk, cty = cut(cts, [sum(mk), sum(my)])
     y_avals = _ys_avals(body, extent.length) if not extent.dynamic else []
     kbar = _expand(mk, ctk, body.carry_avals)
     ybar = _expand(my, cty, y_avals)

@@ -1,9 +1,9 @@
 """What a compiled loop needs of an offline schedule, for a step count known when tracing.
 
-A :class:`Plan` holds the forward sweep's store points and, for the reverse sweep, either nothing
+A :class:`Tables` holds the forward sweep's store points and, for the reverse sweep, either nothing
 (schedules whose reversal is the binomial one between those stores,
 :meth:`~retrograde.schedules.OfflineSchedule.binomial_stores`: the in-graph machine of
-:mod:`._machine` generates it, so the plan has ``O(stores)`` integers and is built without
+:mod:`._machine` generates it, so the tables have ``O(stores)`` integers and are built without
 enumerating the schedule's actions), or a table of the machine's macro-actions translated from
 the schedule's action stream (any other offline schedule, e.g. ``MultiLevel``): one row per
 restore, advance, store and record, which costs ``O(actions)`` to build.
@@ -23,7 +23,7 @@ from ._machine import LEAF, MOVE
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Plan:
+class Tables:
     """The tables for one schedule and step count.
 
     Attributes:
@@ -66,18 +66,18 @@ def check_offline(schedule: Schedule, where: str) -> OfflineSchedule:
 
 
 @functools.lru_cache(maxsize=128)
-def compile_plan(schedule: OfflineSchedule, length: int) -> Plan:
-    """Build the plan for ``schedule`` and ``length`` steps (cached)."""
+def tables_for(schedule: OfflineSchedule, length: int) -> Tables:
+    """Build the tables for ``schedule`` and ``length`` steps (cached)."""
     stores = schedule.binomial_stores(length)
     if stores is not None:
         # More slots than N - 1 are never used by a binomial reversal.
         n_slots = max(1, len(stores), min(schedule.max_slots(length)[0], length - 1))
         steps = np.asarray(stores, np.int32)
-        return Plan(length, n_slots, steps, np.arange(len(steps), dtype=np.int32), None)
-    return _table_plan(schedule, length)
+        return Tables(length, n_slots, steps, np.arange(len(steps), dtype=np.int32), None)
+    return _row_tables(schedule, length)
 
 
-def _table_plan(schedule: OfflineSchedule, length: int) -> Plan:
+def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
     actions = [a for a in schedule.actions(length) if type(a) in (Advance, Store, Restore, Record)]
     # Number the slots of all levels consecutively.
     top: dict[int, int] = {}
@@ -109,7 +109,7 @@ def _table_plan(schedule: OfflineSchedule, length: int) -> Plan:
 
     rows = _Rows(offset).run(actions[k:]).rows
     pts = np.asarray(stores, np.int32).reshape(-1, 2)
-    return Plan(length, n_slots, pts[:, 0].copy(), pts[:, 1].copy(),
+    return Tables(length, n_slots, pts[:, 0].copy(), pts[:, 1].copy(),
                 np.asarray(_merge_moves(rows), np.int32).reshape(-1, 7))
 
 
