@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 import retrograde.host as rh
 from retrograde import schedules as rs
+from retrograde.host._storage import OWNER_FILE
 
 DT, D, LOCAL, N = 0.1, 0.9, 6, 40
 
@@ -71,7 +72,7 @@ def main() -> int:
         with rh.forward(step, u_glob[sl], k_glob[sl], N, schedule=sched, loss=LOSS,
                         storage=storage) as fp:
             disk = fp._stores[-1]
-            names = os.listdir(disk.path)
+            names = [nm for nm in os.listdir(disk.path) if nm != OWNER_FILE]
             if not names or not all(nm.startswith(f"r{rank}-step") for nm in names):
                 print(f"rank {rank}: bad snapshot names {names}", flush=True)
                 ok = False
