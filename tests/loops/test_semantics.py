@@ -10,6 +10,8 @@ each compared against ``jax.lax`` itself:
 - errors of the same types as ``jax.lax``'s, naming the offending carry leaf by its path;
 - the eager cache: a second un-jitted call with the same step neither traces nor compiles;
 - ``fori_loop`` with traced bounds: a reverse-differentiable ``while_loop``.
+- carry leaves without a tangent (by the JVP's fixed point) are not differentiated in the reverse
+  sweep either, as in ``jax.lax``: a step may refuse a derivative with respect to them.
 """
 
 from __future__ import annotations
@@ -542,3 +544,59 @@ def test_fori_traced_bounds_strict_values(mode):
 @pytest.mark.parametrize("mode", ["strict_x64", "rank_raise"])
 def test_fori_traced_bounds_strict_derivatives(mode):
     _check_fori_traced(mode, derivatives=True)
+
+
+# ----------------------------------------------------------------------------- leaves without tangent
+
+
+@jax.custom_jvp
+def _refuses_derivative(t):
+    """The identity, whose derivative raises (as a ``VirtualBrownianTree`` does for its time)."""
+    return t
+
+
+@_refuses_derivative.defjvp
+def _refuses_derivative_jvp(primals, tangents):
+    raise RuntimeError("this value cannot be differentiated")
+
+
+def _timed_step(t, y, k):
+    return t + 0.1, y * jnp.cos(_refuses_derivative(t)) * k + jnp.sin(y)
+
+
+@pytest.mark.parametrize("schedule", [rs.Revolve(3), rs.StoreAll(), rs.RecomputeAll()],
+                         ids=str)
+def test_leaves_without_tangent_are_not_differentiated(schedule):
+    """A time leaf that nothing differentiated depends on: grad and Hessian of ``scan`` equal
+    ``lax.scan``'s, and the step is never asked for the time's derivative."""
+    def loss(scan, y0, ks):
+        def step(c, k):
+            t, y = _timed_step(*c, k)
+            return (t, y), y
+        (_, y), ys = scan(step, (0.0, y0), ks)
+        return y + jnp.sum(ys ** 2)
+
+    with jax.enable_x64(True):
+        ks = jnp.linspace(0.5, 1.5, 12)
+        ours = functools.partial(retrograde.scan, schedule=schedule)
+        P.assert_close(jax.grad(loss, (1, 2))(ours, 1.0, ks),
+                       jax.grad(loss, (1, 2))(lax.scan, 1.0, ks), RTOL)
+        P.assert_close(jax.hessian(loss, 1)(ours, 1.0, ks),
+                       jax.hessian(loss, 1)(lax.scan, 1.0, ks), RTOL)
+
+
+def test_while_leaves_without_tangent_are_not_differentiated():
+    """The same for ``while_loop`` (``Online``) against ``lax.fori_loop``."""
+    def ours(y0, k):
+        def step(c):
+            i, t, y = c
+            return (i + 1, *_timed_step(t, y, k))
+        return retrograde.while_loop(lambda c: c[0] < 15, step, (0, 0.0, y0),
+                                     schedule=rs.Online(3))[2]
+
+    def ref(y0, k):
+        return lax.fori_loop(0, 15, lambda i, c: _timed_step(*c, k), (0.0, y0))[1]
+
+    with jax.enable_x64(True):
+        P.assert_close(jax.grad(ours, (0, 1))(1.0, 0.9), jax.grad(ref, (0, 1))(1.0, 0.9), RTOL)
+        P.assert_close(jax.hessian(ours)(1.0, 0.9), jax.hessian(ref)(1.0, 0.9), RTOL)

@@ -216,7 +216,7 @@ def advance_steps(body: Body, consts, carry, n_steps, batched=False):
 
 def _differentiated(body, keep):
     """Which consts and xs leaves get cotangents: ``(fc, fx)``, the float leaves selected by
-    ``keep = (cmask, xmask)`` (masks over the float leaves; ``None`` selects them all)."""
+    ``keep`` (a ``Keep``: masks over the float leaves; ``None`` selects them all)."""
 
     def masked(avals, mask):
         fl = [is_float(a) for a in avals]
@@ -225,7 +225,7 @@ def _differentiated(body, keep):
         it = iter(mask)
         return [f and next(it) for f in fl]
 
-    cmask, xmask = keep if keep is not None else (None, None)
+    cmask, xmask = (keep.consts, keep.xs) if keep is not None else (None, None)
     return masked(body.const_avals, cmask), masked(body.x_avals, xmask)
 
 
@@ -242,6 +242,9 @@ class _Steps:
         self.run = body.runner(batched)
         self.fc, self.fx = _differentiated(body, keep)
         self.fk = [is_float(a) for a in body.carry_avals]
+        # Float carry leaves held constant (their cotangents come out zero).
+        self.held_k = ([False] * sum(self.fk) if keep is None
+                       else [not k for k in keep.carry])
         self.fy = [is_float(a) for a in body.y_avals]
         self.y_avals_f = [a for a, f in zip(body.y_avals, self.fy) if f]
         ybar_of = iter(ys_bar)
@@ -278,6 +281,7 @@ class _Steps:
             return [next(it) if f else v for v, f in zip(all_vals, flags)]
 
         def f(c_f, k_f, x_f):
+            k_f = [lax.stop_gradient(v) if held else v for v, held in zip(k_f, self.held_k)]
             k_new, y = self.run(merge(c_f, consts, fc), merge(k_f, full, fk), merge(x_f, x, fx))
             return (
                 [v for v, f in zip(k_new, fk) if f],
@@ -408,9 +412,9 @@ def adjoint(body: Body, tables: Tables, consts, carry0, xs, snaps, carry_bar, ys
     the cotangents of the float leaves of consts, carry_0 and xs.
 
     ``carry_bar`` holds one cotangent per float carry leaf; ``ys_bar`` one per float ``y`` leaf
-    whose ``ymask`` entry is True (the others are zero and never materialised). ``keep = (cmask,
-    xmask)`` selects the float consts and xs leaves whose cotangents are wanted (``None``: all);
-    the others are held constant, so their cotangents cost neither time nor memory. ``axes``:
+    whose ``ymask`` entry is True (the others are zero and never materialised). ``keep`` (a
+    ``Keep``) selects the float leaves whose cotangents are wanted (``None``: all); the others
+    are held constant, so their cotangents cost neither time nor memory. ``axes``:
     the names of the ``vmap`` axes this runs under (see :func:`_confined`).
     """
     consts_bar, xs_bar = _cotangent_init(body, consts, xs, keep)

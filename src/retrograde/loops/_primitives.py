@@ -188,18 +188,36 @@ class AdjArgs(NamedTuple):
         return self.consts, self.carry, self.xs
 
 
+class Keep(NamedTuple):
+    """Which float leaves ``adj_p`` differentiates with respect to (static): masks over the
+    float leaves of consts, xs and carry. Consts and xs leaves not kept get no output (they are
+    held constant, at no cost); carry leaves not kept are held constant too and their output
+    cotangent is zero. A carry leaf may be left out only if no kept leaf depends on it (those
+    without a tangent in the JVP's fixed point, as ``lax``'s loops leave them: e.g. a time
+    that a ``VirtualBrownianTree`` refuses to differentiate)."""
+
+    consts: tuple
+    xs: tuple
+    carry: tuple
+
+    @classmethod
+    def all(cls, body: Body) -> Keep:
+        """Every float leaf."""
+        return cls(*(tuple(True for a in avals if is_float(a))
+                     for avals in (body.const_avals, body.x_avals, body.carry_avals)))
+
+
 class AdjOuts(NamedTuple):
     """Outputs of ``adj_p``: cotangents of the float consts and xs leaves selected by ``keep``,
-    and of every float carry leaf."""
+    and of every float carry leaf (zero where ``keep.carry`` is False)."""
 
     consts: list
     carry: list
     xs: list
 
     @classmethod
-    def of(cls, outs, body: Body, keep):
-        cmask, xmask = keep
-        return _groups(cls, outs, [sum(cmask), _n_float(body.carry_avals), sum(xmask)])
+    def of(cls, outs, body: Body, keep: Keep):
+        return _groups(cls, outs, [sum(keep.consts), _n_float(body.carry_avals), sum(keep.xs)])
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -273,13 +291,12 @@ def _tan_outs(body, extent, masks):
 
 
 def _adj_outs(body, extent, keep):
-    cmask, xmask = keep
-    outs = _pick(cmask, _floats_of(body.const_avals, body.const_avals))
+    outs = _pick(keep.consts, _floats_of(body.const_avals, body.const_avals))
     outs += _floats_of(body.carry_avals, body.carry_avals)
     if extent.dynamic:
         return outs
     xs = _xs_avals(body, extent.length)
-    return outs + _pick(xmask, _floats_of(xs, body.x_avals))
+    return outs + _pick(keep.xs, _floats_of(xs, body.x_avals))
 
 
 def _abstract(outs_fn):
@@ -381,24 +398,16 @@ def apply_tangent(body, extent, z, snaps, dz, steps=()):
     return _expand(mk, tk, body.carry_avals), _expand(my, ty, y_avals)
 
 
-def _all_kept(body):
-    """``keep`` selecting every float consts and xs leaf."""
-    return (
-        tuple(True for a in body.const_avals if is_float(a)),
-        tuple(True for a in body.x_avals if is_float(a)),
-    )
-
-
 def apply_adjoint(body, extent, z, snaps, kbar, ybar, steps=(), keep=None) -> AdjOuts:
     """``J(z)^T w`` over the float leaves of ``z``; ``w = (kbar, ybar)`` are full leaf lists over
     the outputs (symbolic zeros allowed; non-float leaves ignored). Returns the cotangents of the
-    float leaves of consts, carry and xs (of the consts and xs leaves selected by ``keep =
-    (cmask, xmask)``, masks over their float leaves; ``None``: all)."""
+    float leaves of consts, carry and xs (of those selected by ``keep``, a :class:`Keep`;
+    ``None``: all)."""
     c, k, x = z
     kbar_f = [_inst(t) for t in _floats_of(kbar, body.carry_avals)]
     ybar_f = _floats_of(ybar, body.y_avals)
     ymask = tuple(_nz(t) for t in ybar_f)
-    keep = _all_kept(body) if keep is None else keep
+    keep = Keep.all(body) if keep is None else keep
     args = AdjArgs(list(steps), list(c), list(k), list(x), list(snaps), kbar_f,
                    _pick(ymask, ybar_f))
     outs = adj_p.bind(*_flat(args), body=body, extent=extent, has_snaps=bool(snaps),
@@ -428,9 +437,11 @@ def adjoint_tangent(body, extent, z, dz, w, dw, steps=(), keep=None) -> AdjOuts:
     # Cotangent on the child's outputs: (dw on the primal half, w on the tangent half).
     kbar_child = [*dkbar, *_pick(mk, kbar)]
     ybar_child = [*dybar, *_pick(my, ybar)]
-    cmask, xmask = _all_kept(body) if keep is None else keep
-    # Only the primal half of the child's consts and xs cotangents is wanted.
-    child_keep = (cmask + (False,) * sum(mc), xmask + (False,) * sum(mx))
+    keep = Keep.all(body) if keep is None else keep
+    # Only the primal half of the child's consts and xs cotangents is wanted; its carry is
+    # differentiated where the parent's is, and on every tangent leaf.
+    child_keep = Keep(keep.consts + (False,) * sum(mc), keep.xs + (False,) * sum(mx),
+                      keep.carry + (True,) * sum(mk))
     out = apply_adjoint(child, extent, (zc, zk, zx), [], kbar_child, ybar_child, steps,
                         child_keep)
     return AdjOuts(out.consts, out.carry[: _n_float(body.carry_avals)], out.xs)
@@ -513,7 +524,9 @@ def _tan_transpose(cts, *args, body, extent, has_snaps, masks, levels):
     y_avals = _ys_avals(body, extent.length) if not extent.dynamic else []
     kbar = _expand(mk, ctk, body.carry_avals)
     ybar = _expand(my, cty, y_avals)
-    bar = apply_adjoint(body, extent, a.z, a.snaps, kbar, ybar, a.steps)
+    # Carry leaves without a tangent are held constant (nothing with a tangent depends on them).
+    keep = Keep.all(body)._replace(carry=tuple(_floats_of(mk, body.carry_avals)))
+    bar = apply_adjoint(body, extent, a.z, a.snaps, kbar, ybar, a.steps, keep)
     full = (
         _full_from_floats(bar.consts, body.const_avals),
         _full_from_floats(bar.carry, body.carry_avals),
@@ -528,17 +541,19 @@ def _tan_transpose(cts, *args, body, extent, has_snaps, masks, levels):
 def _adj_transpose(cts, *args, body, extent, has_snaps, ymask, keep, levels):
     a = AdjArgs.of(args, body, extent, has_snaps, ymask)
     ct = AdjOuts.of(cts, body, keep)
-    cmask, xmask = keep
     x_avals = _xs_avals(body, extent.length) if not extent.dynamic else []
-    # Cotangents over all float consts and xs leaves (zero where this adjoint had no output).
-    ct_c = _expand(cmask, ct.consts, _floats_of(body.const_avals, body.const_avals))
-    ct_x = _expand(xmask, ct.xs, _floats_of(x_avals, body.x_avals))
+    # Cotangents over all float consts, carry and xs leaves (zero where this adjoint's output
+    # is none or constant).
+    ct_c = _expand(keep.consts, ct.consts, _floats_of(body.const_avals, body.const_avals))
+    ct_k = _expand(keep.carry, _pick(keep.carry, ct.carry),
+                   _floats_of(body.carry_avals, body.carry_avals))
+    ct_x = _expand(keep.xs, ct.xs, _floats_of(x_avals, body.x_avals))
     n_pre = len(a.steps) + len(a.consts) + len(a.carry) + len(a.xs) + len(a.snaps)
     if not any(_undef(v) for v in [*a.consts, *a.carry, *a.xs, *a.snaps]):
         # w -> J^T w is linear; its transpose is ct -> J ct.
         dz = (
             _full_from_floats(ct_c, body.const_avals),
-            _full_from_floats(ct.carry, body.carry_avals),
+            _full_from_floats(ct_k, body.carry_avals),
             _full_from_floats(ct_x, x_avals),
         )
         tk, ty = apply_tangent(body, extent, a.z, a.snaps, dz, a.steps)
@@ -548,7 +563,7 @@ def _adj_transpose(cts, *args, body, extent, has_snaps, ymask, keep, levels):
         out += [t if _undef(v) else None
                 for v, t in zip([*a.carry_bar, *a.ys_bar], [*tk_f, *ty_f])]
         return out
-    out = _adj_transpose_hessian(a, body, extent, ymask, (ct_c, ct.carry, ct_x))
+    out = _adj_transpose_hessian(a, body, extent, ymask, (ct_c, ct_k, ct_x))
     return [None] * len(a.steps) + out
 
 
@@ -638,16 +653,15 @@ def _adj_dce(used_outputs, eqn):
     if not any(used_outputs) and not eqn.effects:
         return [False] * len(eqn.invars), None
     params = eqn.params
-    cmask, xmask = params["keep"]
-    body = params["body"]
-    used = AdjOuts.of(used_outputs, body, (cmask, xmask))
+    old, body = params["keep"], params["body"]
+    used = AdjOuts.of(used_outputs, body, old)
 
     def narrow(mask, used):
         it = iter(used)
         return tuple(m and next(it) for m in mask)
 
-    keep = (narrow(cmask, used.consts), narrow(xmask, used.xs))
-    if keep == (cmask, xmask):
+    keep = old._replace(consts=narrow(old.consts, used.consts), xs=narrow(old.xs, used.xs))
+    if keep == old:
         return [True] * len(eqn.invars), eqn
     selected = AdjOuts(used.consts, [True] * len(used.carry), used.xs)
     flags = _flat(selected)
