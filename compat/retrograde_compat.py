@@ -12,7 +12,7 @@ this). Options:
   ``retrograde.diffrax.CheckpointAdjoint()`` (``CheckpointAdjoint(Online(k))`` for a given
   ``k``) instead.
 - ``--retrograde-only=PATH``: run only the tests whose node ids the file lists (one a line).
-- ``--retrograde-report=PATH``: a JSON list with one record per test (``nodeid``, ``outcome``,
+- ``--retrograde-report=PATH``: JSON lines appended, one record per test (``nodeid``, ``outcome``,
   ``exercised``: the number of calls of the substitute the test made (solves given
   ``CheckpointAdjoint``), ``message``: the
   exception's last line for a failure).
@@ -35,7 +35,6 @@ SUBSTITUTES = ("scan", "fori_loop", "while_loop", "diffrax")
 SCHEDULES = ("default", "revolve2", "storeall", "recomputeall", "online2")
 
 _calls = [0]
-_records: list[dict] = []
 
 
 def pytest_addoption(parser):
@@ -167,18 +166,13 @@ def pytest_runtest_setup(item):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
-    if report.when == "call" or report.outcome != "passed":
+    path = item.config.getoption("--retrograde-report")
+    if path and (report.when == "call" or report.outcome != "passed"):
         message = ""
         if call.excinfo is not None and report.outcome == "failed":
             message = call.excinfo.exconly().strip().splitlines()[0][:300]
-        _records.append({"nodeid": report.nodeid, "when": report.when,
-                         "outcome": report.outcome, "exercised": _calls[0],
-                         "message": message})
+        record = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+                  "exercised": _calls[0], "message": message}
+        with open(path, "a") as f:  # one line per record, written at once: a crash keeps them
+            f.write(json.dumps(record) + "\n")
     return report
-
-
-def pytest_sessionfinish(session):
-    path = session.config.getoption("--retrograde-report")
-    if path:
-        with open(path, "w") as f:
-            json.dump(_records, f, indent=1)

@@ -149,7 +149,7 @@ def execute(run: Run, args, workdir: Path) -> None:
     run.seconds = time.monotonic() - start
     run.tail = "\n".join(out.strip().splitlines()[-15:])
     if report.exists():
-        run.records = json.loads(report.read_text())
+        run.records = [json.loads(line) for line in report.read_text().splitlines() if line]
 
 
 def summarise(runs: list[Run], rows, out=sys.stdout) -> bool:
@@ -172,7 +172,8 @@ def summarise(runs: list[Run], rows, out=sys.stdout) -> bool:
         print(f"{name:28s} {passed:5d} / {len(failed):4d} / {skipped:4d}; {exercised:5d} "
               f"called it ({seconds:.0f} s)", file=out)
         for r in group:
-            crashed = r.returncode not in (0, 1) or (not r.records and r.returncode != 0)
+            # pytest's exit status: 0 all passed, 1 some failed, 5 nothing selected.
+            crashed = r.returncode not in (0, 1, 5) or (not r.records and r.returncode == 1)
             if crashed:
                 ok = False
                 print(f"  {' '.join(r.files)}: pytest exited with {r.returncode}:\n"
