@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 os.environ.setdefault("JAX_ENABLE_X64", "1")
 
@@ -43,6 +42,7 @@ import jax.numpy as jnp  # noqa: E402
 import jax.random as jr  # noqa: E402
 import numpy as np  # noqa: E402
 
+from _common import prepare, time_round_robin  # noqa: E402
 from retrograde.diffrax import CheckpointAdjoint  # noqa: E402
 
 BATCH, DIM, WIDTH, DEPTH = 64, 2, 64, 2
@@ -106,29 +106,6 @@ def flat(tree):
     return np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(tree)])
 
 
-def prepare(fn, params):
-    """Compile and warm up: ``(compiled, out, compile_s, temp)``."""
-    t = time.perf_counter()
-    compiled = jax.jit(fn).lower(params).compile()
-    compile_s = time.perf_counter() - t
-    temp = compiled.memory_analysis().temp_size_in_bytes
-    out = jax.block_until_ready(compiled(params))
-    return compiled, out, compile_s, temp
-
-
-def time_round_robin(compiled, params, repeats):
-    """Wall times (a list per name) of each compiled function over ``repeats`` rounds, the
-    functions taking turns within a round, so that a busy machine slows all of them alike (the
-    ratios between adjoints are what the tables are for)."""
-    times = {name: [] for name in compiled}
-    for _ in range(repeats):
-        for name, c in compiled.items():
-            t = time.perf_counter()
-            jax.block_until_ready(c(params))
-            times[name].append(time.perf_counter() - t)
-    return times
-
-
 def run_label(run):
     kind, n = run
     return f"const N={n}" if kind == "const" else f"adaptive T={n:g}"
@@ -161,7 +138,7 @@ def acceptance(repeats: int) -> None:
         steps = int(jax.jit(count)(params)[1])
         compiled = {name: prepare(jax.grad(make_loss(static, y0, ADJOINTS[name](), run)), params)[0]
                     for name in names}
-        stats = {name: _stats(v) for name, v in time_round_robin(compiled, params, repeats).items()}
+        stats = {name: _stats(v) for name, v in time_round_robin(compiled, (params,), repeats).items()}
         label = run_label(run)
         for name in names:
             print(f"| {label} | {steps} | {name} | " + " | ".join(f"{x:.3f}" for x in stats[name])
@@ -226,7 +203,7 @@ def main():
                 if name == "DirectAdjoint":
                     ref = flat(out)
                 results[name] = (flat(out), c_s, None, temp, "")
-            for name, ts in time_round_robin(compiled, params, repeats).items():
+            for name, ts in time_round_robin(compiled, (params,), repeats).items():
                 out, c_s, _, temp, note = results[name]
                 results[name] = (out, c_s, min(ts), temp, note)
             del compiled

@@ -28,7 +28,6 @@ also in carries, the median wall time (timed round-robin after a warm-up), the r
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 
@@ -40,6 +39,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import retrograde  # noqa: E402
+from _common import nested_remat, nested_shape, print_table  # noqa: E402
 from retrograde.schedules import Revolve  # noqa: E402
 
 DT = 0.01
@@ -52,11 +52,6 @@ def step_fn(theta, p):
     return step
 
 
-def _nearest_divisor(n: int) -> int:
-    r = math.sqrt(n)
-    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - r), d))
-
-
 def make_loops(n: int, s: int):
     """Name -> run(theta, p, u0) -> u_N."""
 
@@ -66,22 +61,13 @@ def make_loops(n: int, s: int):
     def lax_plain(theta, p, u0):
         return jax.lax.scan(step_fn(theta, p), u0, length=n)[0]
 
-    inner = _nearest_divisor(n)
-    outer = n // inner
-
     def nested(theta, p, u0):
-        step = step_fn(theta, p)
-
-        @jax.checkpoint
-        def chunk(u, _):
-            return jax.lax.scan(step, u, length=inner)[0], None
-
-        return jax.lax.scan(chunk, u0, length=outer)[0]
+        return nested_remat(step_fn(theta, p), u0, n)
 
     return {
         f"retrograde Revolve({s})": retro,
         "lax.scan": lax_plain,
-        f"nested remat ({outer} x {inner})": nested,
+        "nested remat ({} x {})".format(*nested_shape(n)): nested,
     }
 
 
@@ -129,22 +115,6 @@ def measure_all(fns, args, repeats: int):
     return {k: (temps[k], statistics.median(times[k]), vals[k]) for k in fns}
 
 
-def print_table(title, header, rows, markdown):
-    print()
-    if markdown:
-        print(f"### {title}\n")
-        print("| " + " | ".join(header) + " |")
-        print("|" + "|".join([":---", ":---"] + ["---:"] * (len(header) - 2)) + "|")
-        for r in rows:
-            print("| " + " | ".join(r) + " |")
-    else:
-        print(title)
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-        for line in [header, *rows]:
-            print("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                            for i, (c, w) in enumerate(zip(line, widths))))
-
-
 def run_n(n: int, carry: int, s: int, repeats: int, markdown: bool):
     rng = np.random.default_rng(0)
     theta = jnp.float64(0.7)
@@ -180,7 +150,7 @@ def run_n(n: int, carry: int, s: int, repeats: int, markdown: bool):
                          "-" if name == ref_name else f"{err:.1e}"])
     title = (f"N = {n}, carry = {carry} float64 ({carry_bytes / 1024:.1f} KiB), s = {s}, "
              f"median of {repeats} (jax {jax.__version__}, {jax.devices()[0].platform})")
-    print_table(title, header, rows, markdown)
+    print_table(title, header, rows, markdown, left=2)
 
     retro = names[0]
     t1 = res[("first order", retro)][1]

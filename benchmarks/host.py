@@ -6,7 +6,7 @@ explicit diffusion with a cubic sink and a source field ``q`` (the parameters),
 is taken with respect to ``q`` (8 MiB as well).
 
 Rows (each in its own subprocess; peak RSS is that process's own ``VmHWM``, read from
-``/proc/self/status``):
+``/proc/self/status``, minus its RSS after imports and the problem's arrays):
 
 * forward only: the plain loop, no gradient (the baseline for time and memory);
 * StoreAll: every state in RAM (skipped if it would not fit in the available memory);
@@ -15,7 +15,18 @@ Rows (each in its own subprocess; peak RSS is that process's own ``VmHWM``, read
 * pyrevolve ``MemoryRevolver`` with 20 checkpoints (if ``pyrevolve`` is installed; it is not a
   dependency of retrograde: ``pip install pyrevolve``).
 
-Usage: ``python benchmarks/host.py [--steps 2000] [--size 1000000] [--rows a,b,...]``.
+The retrograde rows print their peak against the plan: the schedule's RAM slots (the most it
+holds at once, ``schedule.max_slots(N)`` of its RAM levels) plus 2 states (the state at hand and
+the cotangent) plus the gradient of ``q`` (one state here). Their adjoint writes its result into
+the state it is handed, as the aliasing contract of ``retrograde.host`` allows (pyrevolve reuses
+that buffer, so its row uses an adjoint that allocates).
+
+``--closures K`` instead runs ``value_and_grad`` K times (default 100), each time with a new JAX
+step closure capturing a ``--closure-mib`` MiB array (default 64), and prints the process's RSS:
+it stays flat once the first calls have compiled.
+
+Usage: ``python benchmarks/host.py [--steps 2000] [--size 1000000] [--rows a,b,...]``,
+``python benchmarks/host.py --closures 100 [--closure-mib 64]``.
 """
 
 from __future__ import annotations
@@ -38,11 +49,14 @@ ROWS = ["forward", "storeall", "revolve", "multilevel", "pyrevolve"]
 class Heat:
     """In-place explicit heat step with a cubic sink, ``u <- (1 - 2R) u + R (u_l + u_r)
     - DT C u^3 + s`` (zero outside the grid); ``s`` is the source per step (the parameters).
-    Preallocated work arrays; about 23 memory passes of the state per step, 20 per adjoint."""
+    Preallocated work arrays (touched here, so that they count in the baseline); about 23 memory
+    passes of the state per step, 20 per adjoint."""
 
     def __init__(self, size: int):
         self.w = np.empty(size)
         self.t = np.empty(size)
+        self.w.fill(0.0)
+        self.t.fill(0.0)
 
     @staticmethod
     def neighbours(u, out):
@@ -71,6 +85,19 @@ class Heat:
         np.multiply(u, u, out=t)
         t *= lam
         t *= -3 * DT * C
+        out += t
+        np.multiply(lam, 1 - 2 * R, out=t)
+        out += t
+        return out, lam
+
+    def vjp_into_state(self, n, u, s, lam):
+        """The same adjoint, written into ``u`` (which retrograde never reads again)."""
+        t = self.t
+        np.multiply(u, u, out=t)
+        t *= lam
+        t *= -3 * DT * C
+        out = self.neighbours(lam, u)  # u is no longer needed
+        out *= R
         out += t
         np.multiply(lam, 1 - 2 * R, out=t)
         out += t
@@ -181,7 +208,7 @@ def run_row(row, steps, size, snapshots):
         out["grad"] = checksum(WS.qbar)
         out["evals"] = WS.evals
     else:
-        step = rh.Step(heat.forward, heat.vjp)
+        step = rh.Step(heat.forward, heat.vjp_into_state)
         loss = rh.Final(lambda n, u, q: 0.5 * float(np.dot(u, u)), grad=lambda n, u, q: (u, 0.0))
         storage = rh.Memory()
         if row == "storeall":
@@ -198,18 +225,71 @@ def run_row(row, steps, size, snapshots):
             t0 = time.perf_counter()
         else:
             raise SystemExit(f"unknown row {row!r}; choose from {ROWS}")
-        with rh.forward(step, u0, q, steps, schedule=sched, loss=loss, storage=storage,
-                        progress=False) as fp:
-            g = fp.vjp(keep=False)  # one gradient: free snapshots as the schedule does
-            out["J"] = fp.value
-            out["evals"] = fp.counts.plain + fp.counts.recorded
-            out["writes"] = fp.counts.writes
+        ram = [i for i, lvl in enumerate(sched.levels) if "disk" not in (lvl.name or "")]
+        out["ram_slots"] = sum(sched.max_slots(steps)[i] for i in ram)
+        J, g = rh.value_and_grad(step, loss, u0, q, steps, schedule=sched, storage=storage,
+                                 progress=False)
+        out["J"] = J
+        stats = rs.simulate(sched, steps)
+        out["evals"] = stats.plain + 1 + steps
         out["grad"] = checksum(g.params)
         if row == "multilevel":
             os.rmdir(tmp)
     out["time"] = time.perf_counter() - t0
     out["vmhwm_mib"] = vmhwm_mib()
     print("RESULT " + json.dumps(out), flush=True)
+
+
+def vmrss_mib():
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def closures(calls: int, mib: float):
+    """``calls`` gradients, each with a new JAX step closure capturing ``mib`` MiB; RSS after
+    each (the closures, what they capture and their compiled code must not accumulate)."""
+    import gc
+
+    import jax
+    import jax.numpy as jnp
+
+    import retrograde.host as rh
+    from retrograde import schedules as rs
+
+    jax.config.update("jax_enable_x64", True)
+    size = int(mib * 2**20 / 8)
+    loss = rh.Final(lambda n, u, a: jnp.sum(u ** 2))
+
+    def make(seed):
+        big = np.random.default_rng(seed).standard_normal(size)
+
+        def step(n, u, a):  # captures all of big, uses a few values of it
+            return u + 0.01 * a * jnp.sin(u + 1e-3 * big[: u.shape[0]])
+
+        return step
+
+    print(f"# retrograde.host: {calls} value_and_grad calls, each with a new JAX step closure "
+          f"capturing {mib:g} MiB; python {sys.version.split()[0]}, jax {jax.__version__}")
+    print("| call | RSS (MiB) | since call 5 (MiB) | in captured arrays |")
+    print("|---|---|---|---|")
+    rss, ref = [], None
+    for i in range(1, calls + 1):
+        rh.value_and_grad(make(i), loss, np.ones(8), 1.5, 20, schedule=rs.Revolve(3))
+        gc.collect()
+        rss.append(vmrss_mib())
+        if i == 5:
+            ref = rss[-1]
+        if i in (1, 2, 5) or i % 10 == 0 or i == calls:
+            growth = "" if ref is None else f"{rss[-1] - ref:+.0f}"
+            states = "" if ref is None else f"{(rss[-1] - ref) / mib:+.2f}"
+            print(f"| {i} | {rss[-1]:.0f} | {growth} | {states} |", flush=True)
+    if ref is not None:
+        print(f"\nRSS after call 5: {ref:.0f} MiB; largest afterwards {max(rss[4:]):.0f} MiB "
+              f"({(max(rss[4:]) - ref) / mib:+.2f} captured arrays).")
+    return 0
 
 
 # ----------------------------------------------------------------------------- the table
@@ -230,10 +310,16 @@ def main(argv=None):
     ap.add_argument("--size", type=int, default=1_000_000)
     ap.add_argument("--snapshots", type=int, default=20)
     ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--closures", type=int, metavar="K",
+                    help="instead: K value_and_grad calls, each with a new JAX step closure")
+    ap.add_argument("--closure-mib", type=float, default=64.0,
+                    help="MiB captured by each closure (with --closures; default 64)")
     ap.add_argument("--row", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.row:
         return run_row(args.row, args.steps, args.size, args.snapshots)
+    if args.closures:
+        return closures(args.closures, args.closure_mib)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     state_mib = args.size * 8 / 2**20
     print(f"# retrograde.host benchmark: NumPy heat step, state {state_mib:.1f} MiB "
@@ -277,13 +363,13 @@ def main(argv=None):
     ref_grad = next((r["grad"] for r in results.values() if "grad" in r), None)
     print()
     print("| row | time (s) | time / forward | peak RSS (MiB) | peak - baseline (MiB) "
-          "| in states | step evaluations | gradient agrees |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| in states | RAM slots | plan (states) | step evaluations | gradient agrees |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         r = results.get(row, {})
         name = labels.get(row, row)
         if "skipped" in r:
-            print(f"| {name} | skipped: {r['skipped']} | | | | | | |")
+            print(f"| {name} | skipped: {r['skipped']} | | | | | | | | |")
             continue
         t_ratio = r["time"] / base["time"] if base.get("time") else float("nan")
         extra = r["vmhwm_mib"] - r["base_mib"]
@@ -293,8 +379,13 @@ def main(argv=None):
                 f"NO ({r['grad']:.12g} vs {ref_grad:.12g})")
         note = f" (disk w/r cost {r['disk_costs'][0]}/{r['disk_costs'][1]} steps)" \
             if "disk_costs" in r else ""
+        slots = r.get("ram_slots")
+        plan = "" if slots is None else f"{slots} + 2 + 1 = {slots + 3}"
         print(f"| {name}{note} | {r['time']:.1f} | {t_ratio:.2f} | {r['vmhwm_mib']:.0f} "
-              f"| {extra:.0f} | {extra / state_mib:.1f} | {r['evals']} | {agree} |")
+              f"| {extra:.0f} | {extra / state_mib:.1f} | {'' if slots is None else slots} "
+              f"| {plan} | {r['evals']} | {agree} |")
+    print("\nplan: the schedule's RAM slots + 2 states (at hand, cotangent) + the gradient of q "
+          "(1 state); peak and baseline are RSS, which also holds allocator slack.")
     if "revolve" in results and "pyrevolve" in results and "time" in results["pyrevolve"] \
             and "time" in results["revolve"]:
         print(f"\nretrograde Revolve / pyrevolve time ratio: "

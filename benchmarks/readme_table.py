@@ -10,12 +10,14 @@ Runs, each as a subprocess in its quick mode with markdown output (small sizes, 
   diffrax's ``DirectAdjoint`` and ``RecursiveCheckpointAdjoint``;
 - ``benchmarks/host.py --steps 200 --size 200000``: ``retrograde.host`` vs ``StoreAll`` and
   ``pyrevolve`` (which already prints a markdown table);
+- ``benchmarks/overhead.py --quick --markdown``: the per-step overhead targets of issue #18 (its
+  tables of ratios go into docs/benchmarks.md only, not into the README's summary);
 
 then writes a combined summary (memory and time of each method against the baseline of its
 benchmark) followed by every benchmark's own tables, with the command, date and machine, into
 ``docs/benchmarks.md`` between ``<!-- table:start -->`` and ``<!-- table:end -->``.
 
-    python benchmarks/readme_table.py                  # ~5-10 minutes on 2 CPU cores
+    python benchmarks/readme_table.py                  # ~8-13 minutes on 2 CPU cores
     python benchmarks/readme_table.py --only scan,host # a subset
     python benchmarks/readme_table.py --save-raw DIR   # also keep each script's raw output
     python benchmarks/readme_table.py --load-raw DIR   # rebuild the page without rerunning
@@ -51,6 +53,9 @@ BENCHMARKS = {
                 "diffrax adjoints on a neural ODE (benchmarks/diffrax_adjoints.py)"),
     "host": ("host.py", ["--steps", "200", "--size", "200000"], 600,
              "Host-driven NumPy loop (benchmarks/host.py)"),
+    "overhead": ("overhead.py", ["--quick", "--markdown"], 900,
+                 "Per-step overhead at every size, the targets of issue #18 "
+                 "(benchmarks/overhead.py)"),
 }
 
 

@@ -24,7 +24,6 @@ chunk an inner ``lax.scan`` under ``jax.checkpoint``); and equinox's online chec
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 
@@ -34,6 +33,7 @@ import numpy as np
 
 import equinox.internal as eqxi
 import retrograde
+from _common import nested_remat, nested_shape, print_table
 from retrograde.schedules import Revolve, StoreAll
 
 DT = 0.01
@@ -44,12 +44,6 @@ def step_fn(theta):
         return u + DT * jnp.tanh(theta * u), None
 
     return step
-
-
-def _nearest_divisor(n: int) -> int:
-    """The divisor of n closest to sqrt(n) (the chunk length of the nested scan)."""
-    r = math.sqrt(n)
-    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - r), d))
 
 
 def make_losses(n: int, snapshots: tuple[int, ...]):
@@ -73,18 +67,8 @@ def make_losses(n: int, snapshots: tuple[int, ...]):
         u, _ = jax.lax.scan(jax.checkpoint(step_fn(theta)), u0, length=n)
         return finish(u)
 
-    inner = _nearest_divisor(n)
-    outer = n // inner
-
     def nested(theta, u0):
-        step = step_fn(theta)
-
-        @jax.checkpoint
-        def chunk(u, _):
-            return jax.lax.scan(step, u, length=inner)[0], None
-
-        u, _ = jax.lax.scan(chunk, u0, length=outer)
-        return finish(u)
+        return finish(nested_remat(step_fn(theta), u0, n))
 
     def eqx(s):
         def loss(theta, u0):
@@ -101,7 +85,7 @@ def make_losses(n: int, snapshots: tuple[int, ...]):
     out["retrograde StoreAll()"] = (None, retro(StoreAll()))
     out["lax.scan"] = (None, lax_plain)
     out["lax.scan + jax.checkpoint(step)"] = (None, lax_remat)
-    out[f"nested remat ({outer} x {inner})"] = (None, nested)
+    out["nested remat ({} x {})".format(*nested_shape(n))] = (None, nested)
     return out
 
 
@@ -159,21 +143,7 @@ def main(n: int, carry: int, snapshots: tuple[int, ...], repeats: int, markdown:
     title = (f"First-order gradient, N = {n}, carry = {carry} float32 "
              f"({carry_bytes / 2**20:.2f} MiB), median of {repeats} (jax {jax.__version__}, "
              f"{jax.devices()[0].platform})")
-    print()
-    if markdown:
-        print(f"### {title}\n")
-        print("| " + " | ".join(header) + " |")
-        print("|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|")
-        for r in rows:
-            print("| " + " | ".join(r) + " |")
-    else:
-        print(title)
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-        print("  ".join(h.ljust(w) if i == 0 else h.rjust(w)
-                        for i, (h, w) in enumerate(zip(header, widths))))
-        for r in rows:
-            print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                            for i, (c, w) in enumerate(zip(r, widths))))
+    print_table(title, header, rows, markdown)
 
     # Targets.
     print()

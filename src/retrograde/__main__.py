@@ -5,9 +5,11 @@ Examples::
     python -m retrograde plan --steps 10000 --snapshots 20
     python -m retrograde plan --steps 1e5 --memory 2GiB --state-size 10MiB --plot schedule.png
     python -m retrograde plan --steps 1e5 --memory 2GiB --state-size 10MiB --disk 50GiB
+    python -m retrograde clean /scratch/me --dry-run
 
 ``plan`` prints the schedules that fit the budget, cheapest first, and marks the recommended
 one with ``*``; ``--plot`` draws the recommended (or ``--schedule``-chosen) schedule.
+``clean`` removes snapshot directories of ``retrograde.host`` runs whose process was killed.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def _cost(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``retrograde`` command (subcommands: ``plan``)."""
+    """The argument parser of the ``retrograde`` command (subcommands: ``plan``, ``clean``)."""
     parser = argparse.ArgumentParser(
         prog="retrograde",
         description="Checkpointed differentiation of long time-stepping loops.",
@@ -104,7 +106,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=_SCHEDULE_CHOICES, type=str.lower,
                    help="the schedule to draw with --plot (default: the recommended one)")
     p.set_defaults(handler=functools.partial(_plan, plan_parser=p))
+    c = sub.add_parser(
+        "clean",
+        help="remove snapshot directories left by killed retrograde.host runs",
+        description=(
+            "Remove the retrograde-* snapshot directories in DIRECTORY whose process, on this "
+            "host, no longer runs (killed with SIGKILL, aborted). Directories of running "
+            "processes and of other hosts are kept."
+        ),
+    )
+    c.add_argument("directories", nargs="*", metavar="DIRECTORY",
+                   help="where the Disk(directory=...) snapshots were (default: the system's "
+                        "temporary directory)")
+    c.add_argument("--dry-run", "-n", action="store_true", help="list them; remove nothing")
+    c.set_defaults(handler=_clean)
     return parser
+
+
+def _clean(args: argparse.Namespace) -> int:
+    """List (and remove) the stale snapshot directories: ``retrograde.host.remove_stale``."""
+    from .host import remove_stale
+
+    for directory in args.directories or [None]:
+        for d in remove_stale(directory, dry_run=args.dry_run):
+            owner = "" if d.pid is None else f"  (process {d.pid} on {d.host})"
+            print(f"{d.action:<14} {d.path}{owner}")
+    return 0
 
 
 def _plan(args: argparse.Namespace, plan_parser: argparse.ArgumentParser) -> int:

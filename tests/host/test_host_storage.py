@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import os
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ import retrograde.host as rh
 from retrograde import schedules as rs
 from retrograde.schedules import Advance, End, OfflineSchedule, Record, Restore, Store
 
-import _host_problems as P
+from . import _host_problems as P
 
 N = 12
 
@@ -224,15 +223,14 @@ def test_mpi_rank_in_names(tmp_path, monkeypatch):
                     storage=d) as fp:
         (sub,) = list(tmp_path.iterdir())
         assert sub.name.startswith("retrograde-r3-")
-        assert all(f.name.startswith("r3-step") for f in sub.iterdir())
+        assert sorted(f.name for f in sub.iterdir() if not f.name.startswith("r3-step")) == [
+            "owner"]
         fp.vjp({"u": np.ones(P.M), "memo": np.zeros(P.M)})
     assert rh.Disk(rank=1).rank == 1
 
 
 def test_multilevel_places_snapshots_on_both_levels(tmp_path):
     ml = P.multilevel()
-    if ml is None:
-        pytest.skip("MultiLevel is not available yet")
     with rh.forward(P.NP_STEP, P.state0(), P.params0(), 20, schedule=ml, loss=P.NP_LOSS,
                     storage={"memory": rh.Memory(), "disk": rh.Disk(tmp_path)}) as fp:
         fp.vjp()
@@ -288,7 +286,7 @@ def test_argument_errors(tmp_path):
             fp.vjp()
         with pytest.raises(ValueError, match="loss_bar"):
             fp.vjp({"u": np.ones(P.M), "memo": np.ones(P.M)}, loss_bar=1.0)
-        with pytest.raises(ValueError, match="structure"):
+        with pytest.raises(TypeError, match="structure"):
             fp.vjp({"u": np.ones(P.M)})
     with pytest.raises(ValueError, match="closed"):
         fp.vjp({"u": np.ones(P.M), "memo": np.ones(P.M)})
@@ -307,6 +305,6 @@ def test_failed_disk_write_leaves_no_partial_file(tmp_path):
     with pytest.raises(TypeError, match="leaf 1 at step 4 has dtype object"):
         store.put(4, leaves, treedef)
     (sub,) = list(tmp_path.iterdir())
-    assert list(sub.iterdir()) == []
+    assert [f.name for f in sub.iterdir()] == ["owner"]
     store.close()
     assert list(tmp_path.iterdir()) == []

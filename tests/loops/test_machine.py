@@ -1,8 +1,13 @@
-"""The in-graph schedule machinery equals its pure-Python twin, action by action.
+"""The in-graph schedule machinery against the pure-Python schedules.
 
-``_machine`` generates the binomial reversal inside a compiled program (for run-time step
-counts); ``_placement`` is the ``Online`` forward rule in ``jax.numpy``.
+``_machine`` generates the binomial reversal inside a compiled program as macro-actions; here they
+are expanded into the schedule action vocabulary and executed by the simulator, which proves
+them valid (every restore finds its state, every record has its state at hand) and counts them.
+``_placement`` is the ``Online`` forward rule in ``jax.numpy``; ``_binomial`` the Revolve
+quantities it and the machine share.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -10,74 +15,150 @@ import numpy as np
 import pytest
 
 from retrograde.loops import _machine as M
+from retrograde.loops import _binomial as B
+from retrograde.loops._binomial import COST_CAP, _optimum_table, optimum
 from retrograde.loops._placement import store_slot
-from retrograde.schedules import Advance, Record, Restore, Revolve, Store
-from retrograde.schedules._online import online_store_slot
+from retrograde.schedules import (
+    largest_split, online_decisions, online_store_slot,
+    Advance, End, Free, Level, Online, Periodic, RecomputeAll, Record, Restore, Revolve,
+    StoreAll, Store, execute, revolve_optimum, simulate,
+)
 
-OPS = {Advance: M.ADVANCE, Store: M.STORE, Restore: M.RESTORE, Record: M.RECORD}
-CAPACITY = 4000
-
-
-def python_rows(n, s):
-    """Revolve's actions as (op, step, stop-or-None), without the initial Store(0) and Frees."""
-    rows = []
-    for act in list(Revolve(s).actions(n))[1:]:
-        op = OPS.get(type(act))
-        if op is None:
-            continue
-        rows.append((op, act[0], act[1] if op == M.ADVANCE else None))
-    return rows
+CAPACITY = 3000
 
 
-@jax.jit
-def machine_rows(n, starts, slots, n_seg):
-    state = M.init_state(starts.shape[0], starts, slots, n_seg, n, True)
-    buf = jnp.full((CAPACITY, 3), -1, jnp.int32)
+@functools.partial(jax.jit, static_argnums=(0, 5))
+def _run(n_slots, steps, slots, n_held, n, at_hand):
+    """Every action of the machine, with the slots of each leaf."""
+    state = M.init(n_slots, steps, slots, n_held, n, at_hand)
+    acts = jnp.full((CAPACITY, 7), -1, jnp.int32)
+    idxs = jnp.full((CAPACITY, n_slots + 1), -1, jnp.int32)
 
     def go(c):
-        return (M.phase(c[0]) != M.P_DONE) & (c[2] < CAPACITY) & (c[3] < 4 * CAPACITY)
+        return ~M.done(c[0]) & (c[3] < CAPACITY)
 
     def one(c):
-        st, buf, i, it = c
-        st, (op, a, b) = M.step(st)
-        keep = op != M.NOP
-        buf = jnp.where(keep, buf.at[i].set(jnp.stack([op, a, b])), buf)
-        return st, buf, i + keep.astype(jnp.int32), it + 1
+        st, acts, idxs, i = c
+        st, a = M.step(st)
+        return st, acts.at[i].set(jnp.stack(a)), idxs.at[i].set(M.leaf_slots(st)), i + 1
 
-    _, buf, i, _ = jax.lax.while_loop(go, one, (state, buf, jnp.int32(0), jnp.int32(0)))
-    return buf, i
+    _, acts, idxs, count = jax.lax.while_loop(go, one, (state, acts, idxs, jnp.int32(0)))
+    return acts, idxs, count
 
 
-@pytest.mark.parametrize("s", [1, 2, 3, 5, 8])
-def test_machine_reproduces_revolve(s):
-    zeros = jnp.zeros(s, jnp.int32)
-    for n in (1, 2, 3, 7, 20, 57, 200):
-        buf, count = machine_rows(n, zeros, zeros, 1)
-        got = []
-        for o, a, b in np.asarray(buf)[: int(count)]:
-            if o == M.RECORD and b > 0:  # a record from slot b - 1: restore, then record
-                got.append((M.RESTORE, int(a), None))
-            got.append((int(o), int(a), int(b) if o == M.ADVANCE else None))
-        assert got == python_rows(n, s), (n, s)
+def expand(acts, idxs, held):
+    """Macro-actions as schedule actions; ``held`` maps each slot to the step it holds."""
+    held, out = dict(held), []
+
+    def store(step, slot):
+        if held.get(slot) == step:  # a leaf rewrites its own slot's state: nothing new
+            return
+        if slot in held:
+            out.append(Free(held[slot], slot, 0))
+        out.append(Store(step, slot, 0))
+        held[slot] = step
+
+    for (kind, restore, a, b, first, st, fresh), idx in zip(acts, idxs):
+        if kind == M.DONE:
+            break
+        if restore >= 0:
+            out.append(Restore(a, restore, 0))
+        if kind == M.MOVE:
+            if b > a:
+                out.append(Advance(a, b))
+            if st >= 0:
+                store(b, st)
+            continue
+        for k in range(first, b - 1):
+            store(k, idx[k - a])
+            out.append(Advance(k, k + 1))
+        for k in range(b - 1, a - 1, -1):
+            if k < b - 1 or not fresh:
+                out.append(Restore(k, idx[k - a], 0))
+            out.append(Record(k))
+    return out + [End()]
+
+
+def machine_stats(n, n_slots, held, at_hand):
+    """Run the machine from ``held`` ({slot: step}; with ``at_hand``, ``u_{n-1}`` is the state at
+    hand) and simulate what it does, the forward sweep included."""
+    pairs = sorted((p, k) for k, p in held.items())
+    pad = n_slots - len(pairs)
+    steps = jnp.asarray([p for p, _ in pairs] + [0] * pad, jnp.int32)
+    slots = jnp.asarray([k for _, k in pairs] + [0] * pad, jnp.int32)
+    acts, idxs, count = (np.asarray(v) for v in _run(n_slots, steps, slots, len(pairs), n,
+                                                     at_hand))
+    assert count < CAPACITY
+    forward, at = [], 0
+    for p, k in pairs:
+        if p > at:
+            forward.append(Advance(at, p))
+        forward.append(Store(p, k, 0))
+        at = p
+    end = n - 1 if at_hand else n  # a while loop runs to u_N before it reverses
+    if n and at < end:
+        forward.append(Advance(at, end))
+    start = dict((k, p) for p, k in pairs)
+    return execute(forward + expand(acts[:count], idxs[:count], start), n,
+                   (Level(n_slots),)), int(count)
+
+
+SCHEDULES = [Revolve(1), Revolve(2), Revolve(3), Revolve(5), Revolve(16), StoreAll(),
+             RecomputeAll(), Periodic(3), Periodic(7)]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=repr)
+def test_machine_executes_binomial_schedules_exactly(schedule):
+    """From the stores of a schedule's forward sweep, the machine makes exactly the schedule's
+    evaluations (Revolve's are the proven optimum), and every action is valid."""
+    for n in (0, 1, 2, 3, 4, 7, 20, 57, 200):
+        stores = schedule.binomial_stores(n)
+        n_slots = max(1, len(stores), min(schedule.max_slots(n)[0], n - 1))
+        stats, count = machine_stats(n, n_slots, dict(enumerate(stores)), at_hand=True)
+        want = simulate(schedule, n)
+        assert (stats.plain, stats.recorded) == (want.plain, want.recorded), (n, schedule)
+        assert count <= 3 * n + 2  # macro-actions: at most a few per recorded step
+
+
+def test_store_all_is_one_leaf():
+    """Storing every state, the whole reversal is one leaf: a single record run."""
+    _, count = machine_stats(500, 499, {k: k for k in range(499)}, at_hand=True)
+    assert count == 2  # the leaf, then DONE
+
+
+@pytest.mark.parametrize("s", [1, 2, 4, 8])
+def test_machine_reverses_online_placements(s):
+    """From the snapshots ``Online(s)`` places (no state at hand), the machine makes exactly the
+    evaluations of the Python online reversal."""
+    for n in (1, 2, 5, 30, 257):
+        held = [-1] * s
+        for step in range(n):
+            k = online_store_slot(step, held, s)
+            if k >= 0:
+                held[k] = step
+        stats, _ = machine_stats(n, s, {k: p for k, p in enumerate(held) if p >= 0}, False)
+        want = simulate(Online(s), n)
+        assert (stats.plain, stats.recorded) == (want.plain, want.recorded), (n, s)
 
 
 @pytest.mark.parametrize("s, steps", [(1, 250), (2, 250), (4, 250), (8, 250), (40, 700)])
 def test_placement_matches_online_rule(s, steps):
+    """The in-graph rule (what a while loop evaluates beyond its decision table) and the table
+    itself make the decisions of the Python rule at every step."""
     rule = jax.jit(lambda n, h: store_slot(n, h, s))
+    table = online_decisions(s, steps)
     held = [-1] * s
     for n in range(steps):
         want = online_store_slot(n, held, s)
-        assert int(rule(n, jnp.asarray(held, jnp.int32))) == want, (n, held)
+        assert int(rule(n, jnp.asarray(held, jnp.int32))) == want == table[n], (n, held)
         if want >= 0:
             held[want] = n
 
 
 def test_optimum_elementwise_matches_closed_form():
     """The vectorised in-graph Revolve optimum, against the Python closed form (saturating)."""
-    from retrograde.loops._placement import COST_CAP, optimum
-    from retrograde.schedules import revolve_optimum
-
-    pairs = [(n, s) for n in (0, 1, 2, 3, 7, 50, 400, 5000, 46341, 46342, 10**6) for s in (1, 2, 3, 9, 40, 90)]
+    pairs = [(n, s) for n in (0, 1, 2, 3, 7, 50, 400, 5000, 46341, 46342, 10**6)
+             for s in (1, 2, 3, 9, 40, 90)]
     ns, ss = (jnp.asarray(v, jnp.int32) for v in zip(*pairs))
     want = [min(revolve_optimum(n, s), COST_CAP) for n, s in pairs]
     # Traced slot counts: the loop over the repetition number.
@@ -88,13 +169,12 @@ def test_optimum_elementwise_matches_closed_form():
     assert np.asarray(jax.jit(lambda n: optimum(n, s_static))(ns)).tolist() == want
     # The table alone, wherever it reaches (every repetition number up to 16 for s >= 8, 48
     # below), entry by entry and between entries.
-    from retrograde.loops._placement import _optimum_table
-
     grid = [(n, s) for s in (1, 2, 3, 5, 7) for n in range(0, 1300)] + [
         (n, s) for s in (8, 9, 40, 90) for n in range(0, 3000)
     ]
     for group in ([g for g in grid if g[1] < 8], [g for g in grid if g[1] >= 8]):
-        ns, s_static = jnp.asarray([n for n, _ in group], jnp.int32), np.asarray([s for _, s in group])
+        ns = jnp.asarray([n for n, _ in group], jnp.int32)
+        s_static = np.asarray([s for _, s in group])
         got, fits = (np.asarray(v) for v in jax.jit(lambda n: _optimum_table(n, s_static))(ns))
         want = np.asarray([min(revolve_optimum(n, s), COST_CAP) for n, s in group])
         assert fits.mean() > 0.9
@@ -104,14 +184,17 @@ def test_optimum_elementwise_matches_closed_form():
 
 
 @pytest.mark.parametrize("s_max", [5, 40])
-def test_split_table_matches_revolve_split(s_max):
-    """The in-graph split, table-driven (with its loop fallback for long segments), against
-    the Python rule, over every segment length up to 2000 and every slot count up to ``s_max``."""
-    from retrograde.loops._machine import split
-    from retrograde.schedules._revolve import revolve_split
-
-    cases = [(n, s) for s in range(2, s_max + 1) for n in range(2, 2001, 3 if s > 3 else 1)]
+def test_split_largest_matches_python(s_max):
+    """The in-graph largest optimal split, table-driven (with its loop fallback for long
+    segments), against the Python rule, over every segment length up to 3000 and every slot
+    count up to ``s_max``; the Python rule against the brute-force optimum."""
+    cases = [(n, s) for s in range(2, s_max + 1) for n in range(s + 2, 3001, 3 if s > 3 else 1)]
+    cases += [(10**6, 2), (10**6, 3), (200_000, 5)]
     ns, ss = (jnp.asarray(v, jnp.int32) for v in zip(*cases))
-    got = jax.jit(jax.vmap(lambda n, s: split(n, s, s_max)))(ns, ss)
-    want = [revolve_split(n, s)[0] for n, s in cases]
-    assert np.asarray(got).tolist() == want
+    got = jax.jit(jax.vmap(lambda n, s: B.largest_split(n, s, s_max)))(ns, ss)
+    assert np.asarray(got).tolist() == [largest_split(n, s) for n, s in cases]
+    for s in range(2, min(s_max, 8) + 1):
+        for n in range(s + 2, 200):
+            costs = [j + revolve_optimum(n - j, s - 1) + revolve_optimum(j, s) for j in range(1, n)]
+            best = min(costs)
+            assert largest_split(n, s) == max(j for j, c in enumerate(costs, 1) if c == best)

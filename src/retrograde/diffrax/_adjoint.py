@@ -12,24 +12,11 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from ..loops import while_loop
+from ..schedules import default_schedule
 from ._buffers import bounded_while_loop, unwrap, wrap
 from ._private import with_replaced
 
 __all__ = ["CheckpointAdjoint"]
-
-
-def default_schedule(max_steps: int):
-    """``Online(s)`` with the fewest slots ``s`` such that ``(s + 1)(s + 2) / 2 >= max_steps``
-    (no step is run plainly more than twice when the solve takes ``max_steps`` steps): the rule
-    ``RecursiveCheckpointAdjoint`` uses for its default number of checkpoints, so the two use the
-    same memory and recomputation by default (about ``sqrt(2 max_steps)`` snapshots: 90 for
-    4096)."""
-    from ..schedules import Online, beta
-
-    s = 1
-    while beta(s, 2) < max_steps:
-        s += 1
-    return Online(s)
 
 
 def outer_while_loop(
@@ -47,7 +34,7 @@ def outer_while_loop(
     where the loop only runs steps or their VJPs (``while_loop``'s argument of that name).
     """
     if schedule is None and max_steps is not None:
-        schedule = default_schedule(max_steps)
+        schedule = default_schedule(max_steps, online=True)
     leaves, treedef = jtu.tree_flatten(init_val)
     buf_ids = set()
     if buffers is not None:
@@ -133,7 +120,7 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
     Args:
         schedule: the ``retrograde.while_loop`` schedule. ``Online(s)`` keeps ``s`` snapshots
             of the solver state (save buffers are stored once, not in snapshots), placed as steps
-            arrive. Default: :func:`default_schedule` -- ``Online(s)`` with
+            arrive. Default: ``retrograde.schedules.default_schedule(max_steps, online=True)`` -- ``Online(s)`` with
             ``(s + 1)(s + 2) / 2 >= max_steps``, the memory and recomputation of
             ``RecursiveCheckpointAdjoint``'s default (``Online(16)`` if ``max_steps=None``).
             Pass e.g. ``Online(16)`` for less memory (more recomputation).

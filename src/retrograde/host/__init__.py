@@ -19,11 +19,11 @@ Example:
 from ._api import HessianProduct, Tangents, forward, hvp, jvp, value_and_grad
 from ._driver import PROGRESS_THRESHOLD, Counts, ForwardPass, Grads
 from ._step import Final, Running, Step
-from ._storage import Disk, Memory, SnapshotError, Storage
+from ._storage import Disk, Memory, SnapshotError, StaleDir, Storage, remove_stale
 
 __all__ = [
     "Step", "Running", "Final",
-    "Memory", "Disk", "Storage", "SnapshotError",
+    "Memory", "Disk", "Storage", "SnapshotError", "remove_stale", "StaleDir",
     "forward", "value_and_grad", "hvp", "jvp",
     "ForwardPass", "Grads", "Counts", "HessianProduct", "Tangents",
     "PROGRESS_THRESHOLD",

@@ -9,22 +9,21 @@ import jax
 import numpy as np
 
 from ..schedules import Schedule
-from ._driver import ForwardPass, Grads, _copy_tree
+from ._driver import ForwardPass, Grads, _copy_tree, initial_state
 from ._step import (
-    Final,
-    Running,
     Step,
-    _cached,
+    WeakCache,
+    _JaxCore,
     _JaxStep,
+    _LossImpl,
     as_losses,
     as_step,
-    dtype_of,
-    zeros_like_tree,
 )
+from ._trees import TreeSpec, private, readonly
 
 __all__ = ["forward", "value_and_grad", "hvp", "jvp", "HessianProduct", "Tangents"]
 
-tree_map = jax.tree_util.tree_map
+tree_util = jax.tree_util
 
 
 def forward(
@@ -43,8 +42,9 @@ def forward(
 
     Args:
         step: a JAX function ``step(n, state, params) -> state`` or a :class:`Step`.
-        state0: the initial state ``u_0``, a pytree of arrays (never modified).
-        params: the parameters, a pytree (passed unchanged to every step).
+        state0: the initial state ``u_0``, a pytree of arrays (copied, never modified).
+        params: the parameters, a pytree (copied; every step gets the same read-only arrays;
+            leaves that are not arrays are passed as they are).
         n_steps: ``N``; ``None`` for a loop that stops when ``until`` says so (online schedules).
         schedule: a :mod:`retrograde.schedules` schedule (``Revolve(s)``, ``StoreAll()``,
             ``MultiLevel(...)``, an online schedule, ...).
@@ -63,8 +63,12 @@ def forward(
         callable many times; close it (``with`` block) to release the snapshots.
 
     Cost: the schedule's first sweep plus the steps from its end to ``N`` (one step for the
-    schedules shipped); memory: the snapshots of that sweep until closed, plus the snapshots of a
-    running ``vjp``.
+    schedules shipped); memory: the snapshots of that sweep until closed, the state the reverse
+    part starts from, ``u_N`` (``.state``), the final loss gradient and ``params`` (copies),
+    plus the snapshots of a running ``vjp``.
+
+    Arrays: steps may overwrite the state and cotangents they are handed; see
+    ``docs/host.md`` for the whole aliasing contract.
 
     MPI: when each rank steps its own part of a distributed state, call this on every rank with
     the same schedule and step count (an ``until`` must return the same answer on every rank,
@@ -114,8 +118,10 @@ def value_and_grad(
     Returns:
         ``(J, Grads(params=dJ/dparams, state0=dJ/du_0))``.
 
-    Cost: the schedule's plain evaluations plus one, and ``N`` adjoint evaluations; all snapshots
-    (and any disk directory) are released before returning, also on an exception.
+    Cost: the schedule's plain evaluations plus one, and ``N`` adjoint evaluations; memory: the
+    schedule's snapshots plus the state at hand, the state's cotangent and the parameters'
+    cotangent (plus what the step allocates). All snapshots (and any disk directory) are
+    released before returning, also on an exception.
 
     Example:
         >>> import numpy as np
@@ -132,9 +138,9 @@ def value_and_grad(
             "value_and_grad needs a loss: Running(f) (summed over steps), Final(f) (last state) "
             "or a tuple of them."
         )
-    with forward(
-        step, state0, params, n_steps, schedule=schedule, loss=loss, storage=storage,
-        until=until, progress=progress,
+    with ForwardPass(
+        as_step(step), as_losses(loss), state0, params, n_steps, schedule=schedule,
+        storage=storage, until=until, progress=progress, single=True,
     ) as fp:
         grads = fp.vjp(keep=False)
         return fp.value, grads
@@ -154,37 +160,24 @@ class HessianProduct(NamedTuple):
     hvp: Grads
 
 
-class _AugLoss:
-    """Loss term of the tangent-augmented loop: value ``f`` (primal), gradient that of ``f_dot``."""
+def _aug_loss(f):
+    """Compiled value ``f`` (primal) and gradient of ``f_dot`` of a tangent-augmented loss."""
 
-    is_jax = True
+    def fdot(n, s, p):
+        return jax.jvp(lambda u, q: f(n, u, q), (s[0], p[0]), (s[1], p[1]))[1]
 
-    def __init__(self, term: Running | Final):
-        f = term.f
-        self.running = isinstance(term, Running)
-
-        def fdot(n, s, p):
-            return jax.jvp(lambda u, q: f(n, u, q), (s[0], p[0]), (s[1], p[1]))[1]
-
-        self._value = jax.jit(lambda n, s, p: f(n, s[0], p[0]))
-        self._grad = jax.jit(jax.grad(fdot, argnums=(1, 2)))
-
-    def value(self, n, state, params):
-        return float(self._value(n, state, params))
-
-    def grad(self, n, state, params):
-        return self._grad(n, state, params)
+    return jax.jit(lambda n, s, p: f(n, s[0], p[0])), jax.jit(jax.grad(fdot, argnums=(1, 2)))
 
 
-def _augmented_step(fn):
+def _aug_step(fn):
     def aug(n, s, p):
         return jax.jvp(lambda u, q: fn(n, u, q), (s[0], p[0]), (s[1], p[1]))
 
-    return _JaxStep(aug)
+    return _JaxCore(aug)
 
 
-_AUG_STEPS: dict = {}
-_AUG_LOSSES: dict = {}
+_AUG_STEPS = WeakCache()
+_AUG_LOSSES = WeakCache()
 
 
 def hvp(
@@ -240,18 +233,15 @@ def hvp(
                 f"hvp needs JAX-differentiable loss terms (grad=None); {t.term!r} has a "
                 "hand-written grad."
             )
-    aug_step = _cached(_AUG_STEPS, step, _augmented_step)
-    aug_losses = tuple(_cached(_AUG_LOSSES, t.term, _AugLoss) for t in terms)
-    s0 = _copy_tree(state0)
-    sd = zeros_like_tree(s0) if state0_dot is None else _copy_tree(state0_dot)
-    _check_same(s0, sd, "state0_dot", "state0")
-    _check_same(params, params_dot, "params_dot", "params")
-    pd = tree_map(lambda p, d: np.asarray(d, dtype=dtype_of(p)), params, params_dot)
-    sd = tree_map(lambda u, d: np.asarray(d, dtype=dtype_of(u)), s0, sd)
+    aug_step = _JaxStep(step, _AUG_STEPS.get(step, _aug_step))
+    aug_losses = tuple(_LossImpl(t.term, _AUG_LOSSES.get(t.term.f, _aug_loss)) for t in terms)
+    s0 = initial_state(state0, True)
+    sd = _tangent(state0_dot, s0, "state0_dot", "hvp")
+    pd = _tangent(params_dot, params, "params_dot", "hvp")
     aug_until = None if until is None else (lambda n, s: until(n, s[0]))
     with ForwardPass(
         aug_step, aug_losses, (s0, sd), (params, pd), n_steps, schedule=schedule,
-        storage=storage, until=aug_until, progress=progress,
+        storage=storage, until=aug_until, progress=progress, single=True,
     ) as fp:
         g = fp.vjp(keep=False)
         value = fp.value
@@ -259,10 +249,15 @@ def hvp(
     return HessianProduct(value, Grads(g_p, g_u), Grads(h_p, h_u))
 
 
-def _check_same(a, b, name_b, name_a):
-    da, db = jax.tree_util.tree_structure(a), jax.tree_util.tree_structure(b)
-    if da != db:
-        raise ValueError(f"{name_b} must have the structure of {name_a} ({da}); got {db}.")
+def _tangent(tangent, primal, name, where):
+    """A private copy of ``tangent`` (``None``: zero) with the structure, shapes and floating
+    dtypes of ``primal``; plain ``0.0`` leaves or subtrees are zeros."""
+    spec = TreeSpec(primal, name.removesuffix("_dot"))
+    if tangent is None:
+        return spec.materialize([None] * len(spec))
+    leaves = spec.check_cotangent(tangent, where, name, verb="got")
+    return spec.materialize([None if x is None else np.array(x, dtype=spec.cot_dtypes[i])
+                             for i, x in enumerate(leaves)])
 
 
 class Tangents(NamedTuple):
@@ -313,26 +308,33 @@ def jvp(
     losses = as_losses(loss)
     if n_steps is None and until is None:
         raise ValueError("jvp needs n_steps or until=lambda n, state: <stop?>.")
-    state = _copy_tree(state0)
-    sdot = zeros_like_tree(state) if state0_dot is None else _copy_tree(state0_dot)
-    pdot = zeros_like_tree(params) if params_dot is None else params_dot
-    _check_same(state, sdot, "state0_dot", "state0")
-    _check_same(params, pdot, "params_dot", "params")
+    state = initial_state(state0, impl.is_jax)
+    sspec, pspec = TreeSpec(state, "state"), TreeSpec(params, "params")
+    sdot = _tangent(state0_dot, state, "state0_dot", "jvp")
+    pdot = private(_tangent(params_dot, params, "params_dot", "jvp"), copy=False)
+    params = private(params, copy=True)
     J, Jdot = 0.0, 0.0
 
     def dot(g, t):
         return sum(float(np.sum(np.asarray(a) * np.asarray(b)))
-                   for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(t)))
+                   for a, b in zip(g, tree_util.tree_leaves(t)) if a is not None)
 
     def add_loss(n, L):
         nonlocal J, Jdot
-        J += L.value(n, state, params)
-        gs, gp = L.grad(n, state, params)
-        Jdot += dot(gs, sdot) + dot(zeros_like_tree(params) if _is_zero(gp) else gp, pdot)
+        view = readonly(state)
+        J += L.value(n, view, params)
+        gs, gp = L.grad(n, view, params)
+        where = L.where("grad", n)
+        Jdot += (dot(sspec.check_cotangent(gs, where, "state_bar"), sdot)
+                 + dot(pspec.check_cotangent(gp, where, "params_bar"), pdot))
 
     n = 0
-    while (n_steps is None or n < n_steps) and not (until is not None and bool(until(n, state))):
+    while (n_steps is None or n < n_steps) and not (
+            until is not None and bool(until(n, readonly(state)))):
         state, sdot = impl.jvp(n, state, params, sdot, pdot)
+        where = impl.where("jvp", n)
+        state = sspec.check_primal(state, where)
+        sdot = sspec.materialize(sspec.check_cotangent(sdot, where, "next_state_dot"))
         n += 1
         for L in losses:
             if L.running:
@@ -343,7 +345,3 @@ def jvp(
     if losses:
         return Tangents(_copy_tree(state), _copy_tree(sdot), J, Jdot)
     return Tangents(_copy_tree(state), _copy_tree(sdot), None, None)
-
-
-def _is_zero(x):
-    return isinstance(x, (int, float)) and x == 0

@@ -2,17 +2,30 @@
 
 :class:`ForwardPass` runs the *first sweep* of a schedule (every action before the first
 ``Record``; for an online schedule every ``on_step``), keeps the snapshots that sweep laid, and
-then, on every :meth:`ForwardPass.vjp`, executes the *reverse part* of the schedule from a copy of
-the state the first sweep ended on. Snapshots made by a reverse part are freed when that
-``vjp`` returns; the first sweep's snapshots stay until :meth:`ForwardPass.close`.
+then, on every :meth:`ForwardPass.vjp`, executes the *reverse part* of the schedule from the state
+the first sweep ended on. Snapshots made by a reverse part are freed when that ``vjp`` returns;
+the first sweep's snapshots stay until :meth:`ForwardPass.close`.
+
+A :class:`_Sweep` executes the actions of one sweep: it holds the state at hand and the slots,
+and has one method per action kind (a :class:`~retrograde.schedules.Executor`). Every action is
+first executed by the simulator (:class:`~retrograde.schedules.Simulator`), so that the
+driver runs only actions proven valid: the state it needs is at hand or in the slot it names.
+
+Arrays (see :mod:`._trees` for the ownership rules): the driver copies a state when it stores a
+snapshot, and when it restores one that is read again later; a restore that is the snapshot's last
+read (the schedule frees it right after recording that step) hands the stored arrays over instead.
+Cotangents are accumulated in place in arrays the driver allocated. Memory of a reverse sweep
+beyond its snapshots: the state at hand, the cotangent, the parameters' cotangent, and what the
+step's adjoint allocates.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import jax
@@ -21,6 +34,7 @@ import numpy as np
 from ..schedules import (
     Advance,
     End,
+    Executor,
     Free,
     OfflineSchedule,
     OnlineSchedule,
@@ -28,10 +42,13 @@ from ..schedules import (
     Restore,
     Schedule,
     ScheduleError,
+    Simulator,
     Store,
+    check_steps,
 )
-from ._step import _LossImpl, _StepImpl, zeros_like_tree
+from ._step import _LossImpl, _StepImpl
 from ._storage import SnapshotError, _LiveStore, _MemoryStore, resolve_storage
+from ._trees import TreeSpec, accumulate, dtype_of, private, readonly
 
 __all__ = ["ForwardPass", "Grads", "Counts", "PROGRESS_THRESHOLD"]
 
@@ -39,12 +56,12 @@ __all__ = ["ForwardPass", "Grads", "Counts", "PROGRESS_THRESHOLD"]
 #: number) and standard error is a terminal.
 PROGRESS_THRESHOLD = 1000
 
-tree_map = jax.tree_util.tree_map
+tree_util = jax.tree_util
 
 
 class Grads(NamedTuple):
     """Cotangents of the inputs: ``params`` (structure of ``params``) and ``state0`` (of the
-    initial state).
+    initial state). They are the caller's: the driver keeps no reference to them.
 
     Example: ``J, g = rh.value_and_grad(...)``; ``g.params`` has the structure of
     ``params`` and ``g.state0`` that of the initial state.
@@ -73,31 +90,28 @@ class Counts:
     shared_leaves: tuple[int, ...] = ()
 
 
-def _copy_tree(tree):
-    return tree_map(lambda x: np.array(x, copy=True), tree)
+def _copy_tree(tree, dtypes=None):
+    """NumPy copies of the leaves (cast to ``dtypes`` when given)."""
+    leaves, treedef = tree_util.tree_flatten(tree)
+    dtypes = dtypes or [None] * len(leaves)
+    return tree_util.tree_unflatten(
+        treedef, [np.array(x, dtype=d, copy=True) for x, d in zip(leaves, dtypes)]
+    )
 
 
-def _is_plain_zero(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == 0
-
-
-def _add(a, b):
-    """Sum of two cotangent pytrees; ``None`` or a plain ``0``/``0.0`` stands for zeros."""
-    if a is None or _is_plain_zero(a):
-        return b
-    if b is None or _is_plain_zero(b):
-        return a
-    return tree_map(lambda x, y: x + y, a, b)
-
-
-def _scale(tree, c):
-    if c == 1.0:
-        return tree
-    return tree_map(lambda x: x * c, tree)
+def initial_state(state0, is_jax: bool):
+    """A private NumPy copy of ``state0`` (the step may update it in place); for a JAX step in the
+    dtypes JAX computes in (float32 for float64 leaves unless ``jax_enable_x64``)."""
+    dtypes = None
+    if is_jax:
+        dtypes = [jax.dtypes.canonicalize_dtype(dtype_of(x)) for x in tree_util.tree_leaves(state0)]
+    return _copy_tree(state0, dtypes)
 
 
 class _Progress:
-    def __init__(self, enabled: bool, total: int | None, desc: str):
+    """A tqdm bar over one sweep (or nothing); a context manager."""
+
+    def __init__(self, enabled: bool = False, total: int | None = None, desc: str = ""):
         self.bar = None
         if enabled:
             from tqdm.auto import tqdm
@@ -108,7 +122,10 @@ class _Progress:
         if self.bar is not None:
             self.bar.update(k)
 
-    def close(self):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
@@ -136,6 +153,9 @@ class ForwardPass:
         n_steps: ``N``, the number of steps taken (known only now for an online schedule).
         counts: a :class:`Counts` of what was executed so far.
 
+    ``state0`` and ``params`` are copied when the handle is made, and the cotangents given to
+    :meth:`vjp` when it is called: changing them afterwards changes nothing here.
+
     Use it as a context manager (or call :meth:`close`) so that its snapshots, and any snapshot
     directory on disk, are released; it is also released when garbage collected.
 
@@ -158,7 +178,10 @@ class ForwardPass:
         storage=None,
         until: Callable[[int, Any], Any] | None = None,
         progress: bool | None = None,
+        single: bool = False,
     ):
+        # single: one vjp(keep=False) follows at once (value_and_grad, hvp): no copy of params,
+        # no published final state, the final loss gradient becomes the first cotangent.
         if not isinstance(schedule, Schedule):
             raise TypeError(
                 f"schedule must be a retrograde.schedules.Schedule such as Revolve(10); got "
@@ -166,23 +189,32 @@ class ForwardPass:
             )
         self._step = step
         self._losses = losses
-        # a JAX step gets its parameters on the device once, not at every call
-        self._params = jax.device_put(params) if step.is_jax else params
+        self._single = single
         self._schedule = schedule
         self._levels = schedule.levels
         self._progress = _progress_enabled(progress, n_steps)
+        self._bar = _Progress()
         self._stores: list[_LiveStore] = []
         self._hand_store = _MemoryStore("state at hand")
+        self._hand = None
         self._closed = False
         self._spent = False
         self._persistent: dict[tuple[int, int], Any] = {}
+        self._final_grad: tuple[list, list] | None = None
         self.counts = Counts()
         self.value = None
+        self.state = None
+        state = initial_state(state0, step.is_jax)
+        self._sspec = TreeSpec(state, "state")
+        self._pspec = TreeSpec(params, "params")
+        self._params = private(params, copy=not single)
+        if step.is_jax:  # a JAX step gets its parameters on the device once, not at every call
+            self._params = jax.device_put(self._params)
         specs = resolve_storage(storage, self._levels)
         try:
             for i, (spec, lvl) in enumerate(zip(specs, self._levels)):
                 self._stores.append(spec.open(f"level {i} ({lvl.name or 'unnamed'})"))
-            self._run_forward(state0, n_steps, until)
+            self._run_forward(state, n_steps, until)
         except BaseException:
             self.close()
             raise
@@ -206,6 +238,7 @@ class ForwardPass:
             except Exception as e:  # keep closing the others
                 errors.append(e)
         self._persistent.clear()
+        self._final_grad = None
         if errors:
             raise errors[0]
 
@@ -218,7 +251,7 @@ class ForwardPass:
 
         Args:
             state_bar: cotangent of the final state ``u_N`` (a pytree like the state), or
-                ``None`` for zero.
+                ``None`` for zero. It is copied, never modified.
             loss_bar: cotangent of the loss ``J``; default ``1.0`` when a loss was given.
             keep: ``True`` keeps the first sweep's snapshots for further ``vjp`` calls (memory:
                 up to the schedule's slots twice over during this call). ``False`` frees each
@@ -227,7 +260,7 @@ class ForwardPass:
 
         Returns:
             :class:`Grads` ``(params, state0)``: ``d<state_bar, u_N> + loss_bar * dJ`` with respect
-            to ``params`` and ``u_0``.
+            to ``params`` and ``u_0``; new arrays, the caller's.
 
         Cost: the reverse part of the schedule (its recomputations and ``N`` adjoint steps); the
         first sweep is not repeated. Snapshots made here are freed before returning.
@@ -255,94 +288,79 @@ class ForwardPass:
                 "vjp() needs state_bar (the cotangent of the final state) when forward(...) was "
                 "given no loss."
             )
-        lam = zeros_like_tree(self.state) if state_bar is None else state_bar
-        if state_bar is not None:
-            s_def = jax.tree_util.tree_structure(self.state)
-            b_def = jax.tree_util.tree_structure(state_bar)
-            if s_def != b_def:
-                raise ValueError(
-                    f"vjp(state_bar=...) must have the structure of the state {s_def}; got "
-                    f"{b_def}."
-                )
-        pbar = zeros_like_tree(self._params)
-        if loss_bar != 0.0:
-            lam = _add(lam, _scale(self._final_grad[0], loss_bar))
-            pbar = _add(pbar, _scale(self._final_grad[1], loss_bar))
-        if self.n_steps == 0:
-            return Grads(pbar, lam)
+        if self._single:
+            keep = False
+        lam, pbar = self._first_cotangents(state_bar, loss_bar)
         if not keep:
             self._spent = True
+        if self.n_steps == 0:
+            return self._grads(pbar, lam)
         return self._run_reverse(lam, pbar, loss_bar, keep)
 
     # ------------------------------------------------------------------ helpers
-    def _running(self):
-        return [L for L in self._losses if L.running]
+    def _grads(self, pbar, lam) -> Grads:
+        return Grads(self._pspec.materialize(pbar), self._sspec.materialize(lam))
 
-    def _loss_grad(self, L, n, state):
-        s_bar, p_bar = L.grad(n, state, self._params)
+    def _first_cotangents(self, state_bar, loss_bar):
+        """The cotangent of ``u_N`` and the parameters' so far: ``state_bar + loss_bar * dJ/du_N``
+        in arrays of the driver's own."""
+        gs, gp = self._final_grad
+        take = self._single  # the single vjp consumes the final gradient
+        if take:
+            self._final_grad = None
+        lam, pbar = [None] * len(self._sspec), [None] * len(self._pspec)
+        if loss_bar != 0.0:
+            lam = [accumulate(None, x, loss_bar, take=take) for x in gs]
+            pbar = [accumulate(None, x, loss_bar, take=take) for x in gp]
+        if state_bar is not None:
+            given = self._sspec.check_cotangent(state_bar, "vjp", "state_bar", verb="got")
+            lam = [accumulate(x, y) for x, y in zip(lam, given)]
+        return lam, pbar
+
+    def _loss_grad(self, L: _LossImpl, n, view):
+        """Checked leaves (``None`` for zero) of a loss gradient at ``u_n``."""
+        s_bar, p_bar = L.grad(n, view, self._params)
         if L.is_jax and not self._step.is_jax:  # a hand-written adjoint gets NumPy arrays
-            s_bar, p_bar = tree_map(np.asarray, s_bar), tree_map(np.asarray, p_bar)
-        return s_bar, p_bar
+            s_bar, p_bar = tree_util.tree_map(np.asarray, (s_bar, p_bar))
+        where = L.where("grad", n)
+        return (self._sspec.check_cotangent(s_bar, where, "state_bar"),
+                self._pspec.check_cotangent(p_bar, where, "params_bar"))
 
     def _plain(self, n, state):
+        """One plain step ``u_n -> u_{n+1}`` (checked); the first time ``u_{n+1}`` is reached, add
+        the running losses and tick the progress bar."""
         self.counts.plain += 1
-        return self._step.forward(n, state, self._params)
+        out = self._step.forward(n, state, self._params)
+        out = self._sspec.check_primal(out, self._step.where("forward", n))
+        if n + 1 > self._reached:
+            self._reached = n + 1
+            running = [L for L in self._losses if L.running]
+            if running:
+                view = readonly(out)
+                for L in running:
+                    self._J += L.value(n + 1, view, self._params)
+            self._bar.update()
+        return out
 
-    def _store(self, state, cur, action, persistent: bool):
-        step, slot, level = action
-        if cur != step:
-            raise ScheduleError(f"{action}: the state at hand is {cur}, not {step}.")
-        if not 0 <= level < len(self._stores):
-            raise ScheduleError(
-                f"{action}: the schedule has no storage level {level} (it has {len(self._stores)})."
-            )
-        key = (level, slot)
-        leaves, treedef = jax.tree_util.tree_flatten(state)
-        snap = self._stores[level].put(step, leaves, treedef)
-        return key, snap
-
-    def _restore(self, slots, action):
-        step, slot, level = action
-        snap = slots.get((level, slot))
-        where = f"slot {slot} of level {level} ({self._level_name(level)})"
-        if snap is None:
-            raise SnapshotError(
-                f"snapshot of step {step} is missing: the schedule restores it from {where}, "
-                "which holds no snapshot (a missing snapshot is never replaced by a live value)."
-            )
-        if snap.step != step:
-            raise SnapshotError(
-                f"snapshot of step {step} is missing: {where} holds the snapshot of step "
-                f"{snap.step}."
-            )
-        leaves = snap.store.get(snap)
-        return jax.tree_util.tree_unflatten(snap.treedef, leaves)
-
-    def _level_name(self, level):
+    def _until(self, until, n, state) -> bool:
+        res = until(n, readonly(state))
         try:
-            return self._levels[level].name or "unnamed"
-        except IndexError:
-            return "?"
+            return bool(res)
+        except (TypeError, ValueError):
+            shape = getattr(res, "shape", None)
+            raise TypeError(
+                f"until at step {n} returned {type(res).__name__}"
+                + ("" if shape is None else f" of shape {tuple(shape)}")
+                + "; it must return a bool (stop before step n?)."
+            ) from None
 
-    def _free(self, slots, action, temp: set | None, keep: bool = True):
-        step, slot, level = action
-        snap = slots.pop((level, slot), None)
-        if snap is None or snap.step != step:
-            raise SnapshotError(
-                f"snapshot of step {step}: the schedule frees slot {slot} of level {level}, which "
-                f"holds {'nothing' if snap is None else f'step {snap.step}'}."
-            )
-        if temp is None or not keep:  # first sweep, or the last vjp: really free it
-            if temp is not None:
-                temp.discard(snap)
-            snap.store.free(snap)
-        elif snap in temp:
-            temp.discard(snap)
-            snap.store.free(snap)
-        # else: a first-sweep snapshot, kept for later vjp calls
+    def _sync_counts(self):
+        self.counts.writes = tuple(s.writes for s in self._stores)
+        self.counts.reads = tuple(s.reads for s in self._stores)
+        self.counts.shared_leaves = tuple(s.shared_leaves for s in self._stores)
 
     # ------------------------------------------------------------------ forward
-    def _run_forward(self, state0, n_steps, until):
+    def _check_length(self, n_steps, until) -> tuple[int | None, bool]:
         sched = self._schedule
         online = isinstance(sched, OnlineSchedule)
         if n_steps is None and not online:
@@ -359,118 +377,69 @@ class ForwardPass:
                 f"{type(sched).__name__} is offline: give n_steps instead."
             )
         if n_steps is not None:
-            from ..schedules._base import check_steps
-
             n_steps = check_steps(n_steps)
         if not online and not isinstance(sched, OfflineSchedule):
             raise TypeError(f"schedule {sched!r} is neither offline nor online.")
+        return n_steps, online
 
-        state = _copy_tree(state0)  # never mutate the caller's arrays
-        self._treedef0 = jax.tree_util.tree_structure(state)
-        running = self._running()
-        J = 0.0
-        cur = 0
-        reached = 0
-        bar = _Progress(self._progress, n_steps, "forward")
-
-        def advance(n, state):
-            """One plain step ``u_n -> u_{n+1}``; the first time ``u_{n+1}`` is reached, add the
-            running losses and tick the progress bar."""
-            nonlocal J, reached
-            state = self._plain(n, state)
-            if n + 1 > reached:
-                reached = n + 1
-                for L in running:
-                    J += L.value(n + 1, state, self._params)
-                bar.update()
-            return state
-
-        try:
+    def _run_forward(self, state, n_steps, until):
+        n_steps, online = self._check_length(n_steps, until)
+        check = _Checker(self._levels, None if online else n_steps)
+        m = _Sweep(self, self._persistent, check)
+        m.state = state
+        del state
+        self._J, self._reached = 0.0, 0
+        with _Progress(self._progress, n_steps, "forward") as self._bar:
             if online:
-                self._online_run = sched.start()
-                n = 0
-                while True:
-                    if n_steps is not None and n >= n_steps:
-                        break
-                    if until is not None and bool(until(n, state)):
-                        break
-                    for a in self._online_run.on_step(n):
-                        if type(a) is Store:
-                            key, snap = self._store(state, n, a, True)
-                            if key in self._persistent:
-                                raise ScheduleError(f"{a}: slot already holds a snapshot.")
-                            self._persistent[key] = snap
-                        elif type(a) is Free:
-                            self._free(self._persistent, a, None)
-                        else:
-                            raise ScheduleError(f"on_step({n}) returned {a}; only Store/Free.")
-                    state = advance(n, state)
-                    n += 1
-                N = n
-                cur = N
+                run = self._online_run = self._schedule.start()
+
+                def more(n):  # asked with u_n at hand
+                    return (n_steps is None or n < n_steps) and not (
+                        until is not None and self._until(until, n, m.state))
+
+                m.run(run.forward(more))
+                N = check.current
+                check.stopped(N)
                 self._prefix_len = None
                 try:
-                    self._online_saved = copy.deepcopy(self._online_run)
+                    self._online_saved = copy.deepcopy(run)
                 except Exception:  # not copyable: later vjp calls replay the run instead
                     self._online_saved = None
             else:
                 N = n_steps
-                prefix = 0
-                for a in sched.actions(N):
-                    kind = type(a)
-                    if kind is Record or kind is End:
-                        break
-                    prefix += 1
-                    if kind is Advance:
-                        if cur != a.start:
-                            raise ScheduleError(f"{a}: the state at hand is {cur}.")
-                        for n in range(a.start, a.stop):
-                            state = advance(n, state)
-                        cur = a.stop
-                    elif kind is Store:
-                        key, snap = self._store(state, cur, a, True)
-                        if key in self._persistent:
-                            raise ScheduleError(f"{a}: slot already holds a snapshot.")
-                        self._persistent[key] = snap
-                    elif kind is Restore:
-                        state = self._restore(self._persistent, a)
-                        cur = a.step
-                    elif kind is Free:
-                        self._free(self._persistent, a, None)
-                    else:
-                        raise ScheduleError(f"unknown action {a!r}")
-                self._prefix_len = prefix
+                self._prefix_len = m.run(self._schedule.actions(N), first_sweep=True)
             self.n_steps = N
-            # the state the reverse part starts from
-            leaves, treedef = jax.tree_util.tree_flatten(state)
-            self._hand = self._hand_store.put(cur, leaves, treedef)
-            # continue plainly to u_N (the caller wants it; an offline reverse part never needs it)
-            for n in range(cur, N):
-                state = advance(n, state)
-        finally:
-            bar.close()
-        self.state = _copy_tree(state)  # the step may own (and later reuse) its output arrays
-        del state
-        final_state = self.state
-        gs, gp = None, None
-        for L in self._losses:
-            if not L.running:
-                J += L.value(N, final_state, self._params)
-            if N == 0 and L.running:
-                continue  # the running sum starts at u_1
-            s_bar, p_bar = self._loss_grad(L, N, final_state)
-            gs, gp = _add(gs, s_bar), _add(gp, p_bar)
-        self._final_grad = (gs, gp) if gs is not None else (None, None)
-        if self._final_grad[0] is None:
-            self._final_grad = (zeros_like_tree(self.state), zeros_like_tree(self._params))
-        self.value = J if self._losses else None
+            self._checked = check  # where every reverse sweep's checks start from
+            cur = check.current
+            if cur < N:  # the reverse part starts here: keep a copy, go on to u_N
+                self._hand = self._hand_store.put(cur, tree_util.tree_leaves(m.state),
+                                                  self._sspec.treedef)
+                m.advance_to(cur, N)
+        self._bar = _Progress()
+        self._finish(m.state)
         self._vjp_calls = 0
         self._sync_counts()
 
-    def _sync_counts(self):
-        self.counts.writes = tuple(s.writes for s in self._stores)
-        self.counts.reads = tuple(s.reads for s in self._stores)
-        self.counts.shared_leaves = tuple(s.shared_leaves for s in self._stores)
+    def _finish(self, final):
+        """The final loss and its gradient at ``u_N``; publish ``u_N`` (a copy)."""
+        N = self.n_steps
+        J = self._J
+        gs, gp = [None] * len(self._sspec), [None] * len(self._pspec)
+        view = readonly(final)
+        for L in self._losses:
+            if not L.running:
+                J += L.value(N, view, self._params)
+            if N == 0 and L.running:
+                continue  # the running sum starts at u_1
+            s_bar, p_bar = self._loss_grad(L, N, view)
+            # copies: u_N (which s_bar may alias) is published or dropped, later vjp calls read them
+            gs = [accumulate(x, y) for x, y in zip(gs, s_bar)]
+            gp = [accumulate(x, y) for x, y in zip(gp, p_bar)]
+        del view
+        self._final_grad = (gs, gp)
+        self.value = J if self._losses else None
+        if not self._single:
+            self.state = _copy_tree(final)  # the step may own (and later reuse) its output arrays
 
     # ------------------------------------------------------------------ reverse
     def _reverse_actions(self) -> Iterator:
@@ -491,77 +460,206 @@ class ForwardPass:
             run.on_step(n)
         return run.reverse(N)
 
-    def _run_reverse(self, lam, pbar, loss_bar, keep):
-        params = self._params
-        running = self._running() if loss_bar != 0.0 else []
-        slots = dict(self._persistent)
-        temp: set = set()
-        hand = self._hand
-        state = jax.tree_util.tree_unflatten(hand.treedef, self._hand_store.get(hand))
+    def _run_reverse(self, lam, pbar, loss_bar, keep) -> Grads:
+        slots = dict(self._persistent) if keep else self._persistent
         if not keep:
-            self._hand_store.free(hand)
             self._persistent = {}
-        cur = hand.step
-        next_record = self.n_steps - 1
-        bar = _Progress(self._progress, self.n_steps, "reverse")
+        m = _Sweep(self, slots, self._checked.copy(), temp=set(), keep=keep)
+        # move the cotangents into the sweep (the caller's lists must not keep the arrays)
+        m.lam, m.pbar, m.loss_bar = lam[:], pbar[:], loss_bar
+        lam.clear()
+        pbar.clear()
+        m.running = [L for L in self._losses if L.running] if loss_bar != 0.0 else []
+        hand = self._hand  # the state the first sweep ended on (None: it ended on u_N)
+        if hand is not None:
+            leaves = self._hand_store.get(hand, take=not keep)
+            if not keep:
+                self._hand_store.free(hand)
+                self._hand = None
+            m.state = tree_util.tree_unflatten(hand.treedef, leaves)
+            del leaves
         actions = self._reverse_actions()
         self._vjp_calls += 1
         try:
-            for a in actions:
-                kind = type(a)
-                if kind is Advance:
-                    if cur != a.start:
-                        raise ScheduleError(f"{a}: the state at hand is {cur}.")
-                    for n in range(a.start, a.stop):
-                        state = self._plain(n, state)
-                    cur = a.stop
-                elif kind is Record:
-                    n = a.step
-                    if n != next_record or cur != n:
-                        raise ScheduleError(
-                            f"{a}: the state at hand is {cur} and the next step to record is "
-                            f"{next_record}."
-                        )
-                    # the running loss reads u_n: take its gradient before the step may touch u_n
-                    g_state = None
-                    if n >= 1:
-                        for L in running:
-                            s_bar, p_bar = self._loss_grad(L, n, state)
-                            g_state = _add(g_state, _scale(s_bar, loss_bar))
-                            pbar = _add(pbar, _scale(p_bar, loss_bar))
-                    s_bar, p_bar = self._step.vjp(n, state, params, lam)
-                    self.counts.recorded += 1
-                    lam = _add(s_bar, g_state)
-                    pbar = _add(pbar, p_bar)
-                    state, cur = None, None
-                    next_record -= 1
-                    bar.update()
-                elif kind is Store:
-                    key, snap = self._store(state, cur, a, False)
-                    if key in slots:
-                        raise ScheduleError(f"{a}: slot already holds step {slots[key].step}.")
-                    slots[key] = snap
-                    temp.add(snap)
-                elif kind is Restore:
-                    state = self._restore(slots, a)
-                    cur = a.step
-                elif kind is Free:
-                    self._free(slots, a, temp, keep)
-                elif kind is End:
-                    break
-                else:
-                    raise ScheduleError(f"unknown action {a!r}")
-            if next_record != -1:
+            with _Progress(self._progress, self.n_steps, "reverse") as self._bar:
+                m.run(actions)
+            if m.check.next_record != -1:
                 raise ScheduleError(
-                    f"the schedule ended before step {next_record} was recorded."
-                )
+                    f"the schedule ended before step {m.check.next_record} was recorded.")
         finally:
-            bar.close()
-            for snap in temp:
+            self._bar = _Progress()
+            m.state = None
+            for snap in m.temp:
                 snap.store.free(snap)
             if not keep:
                 for snap in slots.values():
                     snap.store.free(snap)
             self._sync_counts()
-        return Grads(pbar, lam)
+        return self._grads(m.pbar, m.lam)
 
+
+class _Lookahead:
+    """An action stream that can be peeked ahead; counts the actions taken from it."""
+
+    def __init__(self, actions: Iterable):
+        self._it = iter(actions)
+        self._ahead: collections.deque = collections.deque()
+        self.taken = 0
+
+    def peek(self, k: int = 0):
+        while len(self._ahead) <= k:
+            try:
+                self._ahead.append(next(self._it))
+            except StopIteration:
+                return None
+        return self._ahead[k]
+
+    def take(self):
+        a = self.peek()
+        if a is not None:
+            self._ahead.popleft()
+            self.taken += 1
+        return a
+
+
+class _Checker(Simulator):
+    """The simulator of a sweep; a restore or free of a slot that does not hold the
+    step is a :class:`SnapshotError` here (a missing snapshot is never replaced)."""
+
+    def not_held(self, action, holds):
+        step, slot, level = action
+        where = f"slot {slot} of level {level} ({self.levels[level].name or 'unnamed'})"
+        if type(action) is Restore and holds is None:
+            raise SnapshotError(
+                f"snapshot of step {step} is missing: the schedule restores it from {where}, "
+                "which holds no snapshot (a missing snapshot is never replaced by a live value)."
+            )
+        if type(action) is Restore:
+            raise SnapshotError(
+                f"snapshot of step {step} is missing: {where} holds the snapshot of step {holds}."
+            )
+        raise SnapshotError(
+            f"snapshot of step {step}: the schedule frees {where}, which holds "
+            f"{'nothing' if holds is None else f'step {holds}'}."
+        )
+
+
+class _Sweep(Executor):
+    """Executes a schedule's actions for one sweep of a :class:`ForwardPass`, each after
+    ``check`` (a :class:`_Checker`) has executed it: so the actions here are valid.
+
+    Holds the state at hand ``state`` (that of step ``check.current``) and the ``slots``
+    ((level, slot) -> snapshot). ``temp`` is ``None`` in the first sweep, whose snapshots
+    persist, and in a reverse part the set of snapshots it made (freed when it ends); ``keep``
+    tells whether first-sweep snapshots survive the reverse part's ``Free``. A reverse part also
+    carries the cotangents: ``lam`` (of the state after the next step to record, leaves, ``None``
+    for zero) and ``pbar`` (of the parameters), both in arrays of the driver's own.
+    """
+
+    def __init__(self, fp: ForwardPass, slots: dict, check: Simulator, temp: set | None = None,
+                 keep: bool = True):
+        self.fp = fp
+        self.slots = slots
+        self.check = check
+        self.temp = temp
+        self.keep = keep
+        self.state = None
+        self.ahead: _Lookahead | None = None
+        self.lam: list = []
+        self.pbar: list = []
+        self.loss_bar = 0.0
+        self.running: list = []
+
+    def run(self, actions: Iterable, *, first_sweep: bool = False) -> int:
+        """Execute ``actions`` up to ``End`` (in the first sweep: up to the first ``Record`` or
+        ``End``, which stays unexecuted); returns how many were executed."""
+        self.ahead = it = _Lookahead(actions)
+        try:
+            while (a := it.peek()) is not None:
+                if first_sweep and type(a) in (Record, End):
+                    break
+                it.take()
+                self.execute(a)
+                if type(a) is End:
+                    break
+        finally:
+            self.ahead = None  # the stream may refer back to this sweep (an online forward)
+        return it.taken
+
+    def execute(self, action) -> None:
+        self.check.execute(action)  # raises if the action is not valid here
+        super().execute(action)
+
+    # ------------------------------------------------------------------ actions
+    def advance(self, a: Advance):
+        self.advance_to(a.start, a.stop)
+
+    def advance_to(self, start: int, stop: int):
+        for n in range(start, stop):
+            self.state = self.fp._plain(n, self.state)
+
+    def store(self, a: Store):
+        step, slot, level = a
+        store = self.fp._stores[level]
+        snap = store.put(step, tree_util.tree_leaves(self.state), self.fp._sspec.treedef)
+        self.slots[(level, slot)] = snap
+        if self.temp is not None:
+            self.temp.add(snap)
+
+    def restore(self, a: Restore):
+        step, slot, level = a
+        snap = self.slots[(level, slot)]
+        self.state = None  # release the state at hand before reading
+        take = self._releases(snap) and _last_read(a, self.ahead)
+        self.state = tree_util.tree_unflatten(snap.treedef, snap.store.get(snap, take=take))
+
+    def free(self, a: Free):
+        step, slot, level = a
+        snap = self.slots.pop((level, slot))
+        if self._releases(snap):
+            if self.temp is not None:
+                self.temp.discard(snap)
+            snap.store.free(snap)
+        # else: a first-sweep snapshot, kept for later vjp calls
+
+    def record(self, a: Record):
+        """The adjoint of step ``n``:
+        ``lam_n = vjp_n(lam_{n+1}) + loss_bar * grad running(u_n)``."""
+        fp, n = self.fp, a.step
+        state, self.state = self.state, None
+        g = None  # the running losses read u_n: their gradient before the adjoint may overwrite it
+        if n >= 1 and self.running:
+            view = readonly(state)
+            g = [None] * len(fp._sspec)
+            for L in self.running:
+                s_bar, p_bar = fp._loss_grad(L, n, view)
+                g = [accumulate(x, y, self.loss_bar) for x, y in zip(g, s_bar)]
+                self.pbar = [accumulate(x, y, self.loss_bar) for x, y in zip(self.pbar, p_bar)]
+            del view, s_bar, p_bar
+        lam, self.lam = fp._sspec.materialize(self.lam), None
+        res = fp._step.vjp(n, state, fp._params, lam)
+        del state, lam
+        fp.counts.recorded += 1
+        where = fp._step.where("vjp", n)
+        s_bar = fp._sspec.check_cotangent(res[0], where, "state_bar")
+        p_bar = fp._pspec.check_cotangent(res[1], where, "params_bar")
+        del res
+        self.pbar = [accumulate(x, y) for x, y in zip(self.pbar, p_bar)]
+        del p_bar
+        self.lam = s_bar if g is None else [accumulate(x, y) for x, y in zip(g, s_bar)]
+        fp._bar.update()
+
+    # ------------------------------------------------------------------ helpers
+    def _releases(self, snap) -> bool:
+        """Whether this sweep's ``Free`` of ``snap`` really releases it."""
+        return self.temp is None or snap in self.temp or not self.keep
+
+
+def _last_read(a: Restore, ahead: _Lookahead | None) -> bool:
+    """Whether the schedule frees the restored slot right away (after recording its step)."""
+    if ahead is None:
+        return False
+    nxt = ahead.peek(0)
+    if type(nxt) is Record and nxt.step == a.step:
+        nxt = ahead.peek(1)
+    return type(nxt) is Free and tuple(nxt) == tuple(a)

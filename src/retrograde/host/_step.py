@@ -15,6 +15,7 @@ A *loss term* is :class:`Running` (summed over the states after every step) or :
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -34,14 +35,20 @@ class Step:
         forward: ``forward(n, state, params) -> next_state``; ``n`` is the step index (a Python
             int), ``state`` a pytree of arrays. It may update the arrays of ``state`` in place and
             return them: every snapshot is a private copy, so this never corrupts the adjoint.
+            ``next_state`` must have the structure, shapes and dtypes of ``state``.
         vjp: ``vjp(n, state, params, next_state_bar) -> (state_bar, params_bar)``: the transposed
             Jacobian of ``forward`` at ``(state, params)`` applied to the cotangent of its output.
-            ``state_bar`` has the structure of ``state``, ``params_bar`` that of ``params`` (leaves
-            that carry no derivative may be ``0.0``, and so may all of it). It receives the same
-            ``state`` that ``forward`` received (a private copy), so it may recompute
-            intermediates itself.
+            ``state_bar`` has the structure, shapes and dtypes of ``state``, ``params_bar`` those
+            of ``params`` (leaves or subtrees that carry no derivative may be ``0.0``, and so may
+            all of it). It receives the same ``state`` that ``forward`` received (a private
+            copy), so it may recompute intermediates itself.
         jvp: optional ``jvp(n, state, params, state_dot, params_dot) -> (next_state,
             next_state_dot)``, used only by :func:`retrograde.host.jvp`.
+
+    Aliasing: ``state``, ``next_state_bar`` and ``state_dot`` are the driver's private arrays,
+    never read again after the call: every function may overwrite them (and may return them).
+    What they return is handed to later calls in turn, so return fresh arrays or the ones you
+    were given, never arrays you keep. ``params`` (and ``params_dot``) are read-only.
 
     Cost: the driver calls ``forward`` for every plain evaluation and ``vjp`` once per step
     (``forward`` is not called before ``vjp`` in the reverse sweep).
@@ -75,9 +82,13 @@ class Running:
 
     Args:
         f: ``f(n, state, params) -> float``.
-        grad: ``grad(n, state, params) -> (state_bar, params_bar)``, the gradient of ``f``.
-            Leave it ``None`` when ``f`` is JAX-differentiable (it is then compiled once with
+        grad: ``grad(n, state, params) -> (state_bar, params_bar)``, the gradient of ``f`` (shaped
+            like ``state`` and ``params``; zero leaves or subtrees may be ``0.0``). Leave it
+            ``None`` when ``f`` is JAX-differentiable (it is then compiled once with
             ``jax.jit(jax.grad(f))``); give it for NumPy code.
+
+    Both receive read-only views of the state and may return its arrays: the driver only reads
+    what a loss returns.
 
     The initial state ``u_0`` is not part of the sum; add a separate term of your own if needed.
 
@@ -128,7 +139,8 @@ def _check_loss_fns(kind, f, grad):
 
 
 class _StepImpl:
-    """What the driver calls: ``forward``, ``vjp``, ``jvp`` with the :class:`Step` signatures."""
+    """What the driver calls: ``forward``, ``vjp``, ``jvp`` with the :class:`Step` signatures;
+    ``where(callback, n)`` names a callback in error messages."""
 
     is_jax: bool
 
@@ -141,6 +153,9 @@ class _StepImpl:
     def jvp(self, n, state, params, state_dot, params_dot):
         raise NotImplementedError
 
+    def where(self, callback: str, n: int) -> str:
+        raise NotImplementedError
+
 
 class _HostStep(_StepImpl):
     is_jax = False
@@ -148,17 +163,15 @@ class _HostStep(_StepImpl):
     def __init__(self, step: Step):
         self.step = step
 
+    def where(self, callback, n):
+        return f"Step.{callback} at step {n}"
+
     def forward(self, n, state, params):
         return self.step.forward(n, state, params)
 
     def vjp(self, n, state, params, out_bar):
-        res = self.step.vjp(n, state, params, out_bar)
-        if not (isinstance(res, tuple) and len(res) == 2):
-            raise TypeError(
-                f"Step.vjp at step {n} returned {type(res).__name__}; it must return a pair "
-                "(state_bar, params_bar)."
-            )
-        return res
+        return _pair(self.step.vjp(n, state, params, out_bar), self.where("vjp", n),
+                     "(state_bar, params_bar)")
 
     def jvp(self, n, state, params, state_dot, params_dot):
         if self.step.jvp is None:
@@ -166,18 +179,22 @@ class _HostStep(_StepImpl):
                 "This Step has no jvp; pass Step(forward, vjp, jvp=...) with "
                 "jvp(n, state, params, state_dot, params_dot) -> (next_state, next_state_dot)."
             )
-        return self.step.jvp(n, state, params, state_dot, params_dot)
+        return _pair(self.step.jvp(n, state, params, state_dot, params_dot),
+                     self.where("jvp", n), "(next_state, next_state_dot)")
 
 
-class _JaxStep(_StepImpl):
-    """A JAX function ``step(n, state, params)``; forward, VJP and JVP each jitted once."""
+def _pair(res, where, what):
+    if not (isinstance(res, tuple) and len(res) == 2):
+        got = "None (a missing `return`?)" if res is None else type(res).__name__
+        raise TypeError(f"{where} returned {got}; it must return a pair {what}.")
+    return res
 
-    is_jax = True
+
+class _JaxCore:
+    """The compiled forward, VJP and JVP of a JAX step function ``fn`` (each jitted once)."""
 
     def __init__(self, fn: Callable):
         import jax
-
-        self.fn = fn
 
         def vjp(n, state, params, out_bar):
             _, pullback = jax.vjp(lambda s, p: fn(n, s, p), state, params)
@@ -186,18 +203,33 @@ class _JaxStep(_StepImpl):
         def jvp(n, state, params, state_dot, params_dot):
             return jax.jvp(lambda s, p: fn(n, s, p), (state, params), (state_dot, params_dot))
 
-        self._forward = jax.jit(fn)
-        self._vjp = jax.jit(vjp)
-        self._jvp = jax.jit(jvp)
+        self.forward = jax.jit(fn)
+        self.vjp = jax.jit(vjp)
+        self.jvp = jax.jit(jvp)
+
+
+class _JaxStep(_StepImpl):
+    """A JAX function ``step(n, state, params)``. Holds ``fn`` (the cached compiled core only
+    refers to it weakly, so that it, what it captures and its compiled code die together)."""
+
+    is_jax = True
+
+    def __init__(self, fn: Callable, core: _JaxCore):
+        self.fn = fn
+        self.core = core
+        self.name = getattr(fn, "__qualname__", None) or type(fn).__name__
+
+    def where(self, callback, n):
+        return f"the JAX step {self.name} ({callback}) at step {n}"
 
     def forward(self, n, state, params):
-        return self._forward(n, state, params)
+        return self.core.forward(n, state, params)
 
     def vjp(self, n, state, params, out_bar):
-        return self._vjp(n, state, params, out_bar)
+        return self.core.vjp(n, state, params, out_bar)
 
     def jvp(self, n, state, params, state_dot, params_dot):
-        return self._jvp(n, state, params, state_dot, params_dot)
+        return self.core.jvp(n, state, params, state_dot, params_dot)
 
 
 def as_step(step) -> _StepImpl:
@@ -207,7 +239,7 @@ def as_step(step) -> _StepImpl:
     if isinstance(step, Step):
         return _HostStep(step)
     if callable(step):
-        return _cached(_JAX_STEPS, step, _JaxStep)
+        return _JaxStep(step, _JAX_STEPS.get(step, _JaxCore))
     raise TypeError(
         f"step must be a JAX function step(n, state, params) -> state or a "
         f"retrograde.host.Step(forward, vjp); got {step!r}."
@@ -215,33 +247,47 @@ def as_step(step) -> _StepImpl:
 
 
 class _LossImpl:
-    """A loss term: ``value(n, state, params)`` and ``grad(n, state, params)``."""
+    """A loss term: ``value(n, state, params)`` and ``grad(n, state, params)``; holds the term
+    (its compiled JAX functions, cached per ``f``, refer to ``f`` weakly)."""
 
-    def __init__(self, term: Running | Final):
+    def __init__(self, term: Running | Final, jax_fns=None):
         self.term = term
         self.running = isinstance(term, Running)
-        if term.grad is None:
-            import jax
-
-            self._value = jax.jit(term.f)
-            self._grad = jax.jit(jax.grad(term.f, argnums=(1, 2)))
+        self.label = type(term).__name__
+        if jax_fns is not None or term.grad is None:
+            self._value, self._grad = jax_fns or _LOSSES.get(term.f, _jax_loss)
             self.is_jax = True
         else:
             self._value = term.f
             self._grad = term.grad
             self.is_jax = False
 
-    def value(self, n, state, params) -> float:
-        return float(self._value(n, state, params))
+    def where(self, callback, n):
+        return f"{self.label}.{callback} at step {n}"
+
+    def value(self, n, state, params):
+        v = self._value(n, state, params)
+        try:
+            if np.ndim(v) == 0:
+                return float(v)
+        except (TypeError, ValueError):
+            pass
+        shape = getattr(v, "shape", None)
+        raise TypeError(
+            f"{self.where('f', n)} returned {type(v).__name__}"
+            + ("" if shape is None else f" of shape {tuple(shape)}")
+            + "; a loss must return a real scalar (a float or a 0-d array)."
+        )
 
     def grad(self, n, state, params):
-        res = self._grad(n, state, params)
-        if not (isinstance(res, tuple) and len(res) == 2):
-            raise TypeError(
-                f"The loss gradient at step {n} returned {type(res).__name__}; "
-                f"{type(self.term).__name__}(grad=...) must return a pair (state_bar, params_bar)."
-            )
-        return res
+        return _pair(self._grad(n, state, params), self.where("grad", n),
+                     "(state_bar, params_bar)")
+
+
+def _jax_loss(f):
+    import jax
+
+    return jax.jit(f), jax.jit(jax.grad(f, argnums=(1, 2)))
 
 
 def as_losses(loss) -> tuple[_LossImpl, ...]:
@@ -256,45 +302,59 @@ def as_losses(loss) -> tuple[_LossImpl, ...]:
                 f"them; got {t!r}. Wrap a function of the last state as Final(f) and a per-step "
                 "cost as Running(f)."
             )
-    return tuple(_cached(_LOSSES, t, _LossImpl) if t.grad is None else _LossImpl(t) for t in terms)
+    return tuple(_LossImpl(t) for t in terms)
 
 
-# Adapters are cached per user function, so that repeated calls reuse the compiled programs.
-_JAX_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_LOSSES: dict = {}
+class WeakCache:
+    """Compiled adapters cached per user function, for as long as that function lives.
+
+    ``get(fn, make)`` returns ``make(call)``, made once per ``fn``, where ``call`` calls ``fn``
+    through a weak reference: the cache never keeps ``fn``, the arrays it captures or its
+    compiled code alive (a value that referred to its own key would). Whoever uses the result
+    holds ``fn`` itself. Functions are told apart by identity (so unhashable callables are
+    cached too); bound methods per (function, instance). Functions that cannot be weakly
+    referenced are not cached (``make(fn)`` each time).
+
+    Example: ``core = cache.get(step_fn, _JaxCore)``.
+    """
+
+    def __init__(self):
+        self._entries: dict[tuple[int, ...], tuple[Any, list]] = {}
+
+    def get(self, fn, make):
+        parts = (fn.__func__, fn.__self__) if inspect.ismethod(fn) else (fn,)
+        key = tuple(id(p) for p in parts)
+        hit = self._entries.get(key)
+        if hit is not None:
+            return hit[0]
+        try:
+            ref = weakref.WeakMethod(fn) if inspect.ismethod(fn) else weakref.ref(fn)
+            # dropped as soon as any part dies (before its id can be reused)
+            refs = [weakref.ref(p, lambda _, key=key: self._entries.pop(key, None))
+                    for p in parts]
+        except TypeError:  # not weakly referenceable
+            return make(fn)
+        value = make(_weak_caller(ref, fn))
+        self._entries[key] = (value, refs)
+        return value
+
+    def __len__(self):
+        return len(self._entries)
 
 
-def _cached(cache, key, make):
-    try:
-        return cache[key]
-    except KeyError:
-        pass
-    except TypeError:  # unhashable or not weak-referenceable: no caching
-        return make(key)
-    value = make(key)
-    try:
-        if isinstance(cache, dict) and len(cache) > 256:
-            cache.clear()
-        cache[key] = value
-    except TypeError:
-        pass
-    return value
+def _weak_caller(ref, fn):
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+
+    def call(*args):
+        f = ref()
+        if f is None:  # pragma: no cover - the driver holds fn while it runs
+            raise RuntimeError(f"{name} was garbage collected while its compiled code was in use.")
+        return f(*args)
+
+    call.__name__ = getattr(fn, "__name__", name)
+    call.__qualname__ = name
+    return call
 
 
-def dtype_of(x) -> np.dtype:
-    """The dtype of an array-like leaf (NumPy, JAX or a Python scalar)."""
-    dt = getattr(x, "dtype", None)
-    return np.dtype(dt) if dt is not None else np.result_type(x)
-
-
-def zeros_like_tree(tree):
-    """NumPy zeros with the structure, shapes and (floating) dtypes of ``tree``."""
-    import jax
-
-    def z(x):
-        dt = dtype_of(x)
-        if not np.issubdtype(dt, np.inexact):
-            dt = np.float64
-        return np.zeros(np.shape(x), dtype=dt)
-
-    return jax.tree_util.tree_map(z, tree)
+_JAX_STEPS = WeakCache()
+_LOSSES = WeakCache()

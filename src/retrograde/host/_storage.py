@@ -15,22 +15,37 @@ that references it is freed.
 ``Memory`` and ``Disk`` are specifications: each run of the driver opens private live stores from
 them and closes them at the end (or when its handle is closed), so one specification can be
 reused for many runs.
+
+Disk directories are removed on close, on exceptions, at exit, and on SIGTERM/SIGHUP (handlers
+installed only while a directory exists, chained to the previous ones). Each directory records
+its owner (host, process id, process start time) in a file ``owner``, so that
+:func:`remove_stale` (``retrograde clean``) can find directories whose process was killed.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
+import json
 import os
 import shutil
+import signal
+import socket
 import tempfile
+import threading
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Memory", "Disk", "SnapshotError", "Storage"]
+__all__ = ["Memory", "Disk", "SnapshotError", "Storage", "remove_stale", "StaleDir"]
+
+#: How long a snapshot directory's name starts (``retrograde-[r<rank>-]p<pid>-...``).
+DIR_PREFIX = "retrograde-"
+#: The file in each snapshot directory that names its owner process.
+OWNER_FILE = "owner"
 
 
 class SnapshotError(RuntimeError):
@@ -64,7 +79,8 @@ def _same_bytes(new: np.ndarray, old: np.ndarray) -> bool:
         b8 = np.ascontiguousarray(b).view(np.uint8)
     except (TypeError, ValueError):  # object arrays and the like: never shared
         return False
-    return bool(np.array_equal(a8, b8))
+    block = 1 << 20  # compare in blocks: no temporary the size of the state
+    return all(np.array_equal(a8[i:i + block], b8[i:i + block]) for i in range(0, a8.size, block))
 
 
 def _digest(arr: np.ndarray) -> bytes:
@@ -77,7 +93,7 @@ def _digest(arr: np.ndarray) -> bytes:
 class _Snapshot:
     """A stored state: its step, its pytree structure and its leaf records."""
 
-    __slots__ = ("step", "treedef", "leaves", "store", "alive", "__weakref__")
+    __slots__ = ("step", "treedef", "leaves", "store", "alive", "taken", "__weakref__")
 
     def __init__(self, step, treedef, leaves, store):
         self.step = step
@@ -85,10 +101,12 @@ class _Snapshot:
         self.leaves = leaves
         self.store = store
         self.alive = True
+        self.taken = False  # its arrays were handed over on its last read
 
 
 class _LiveStore:
-    """An open store. ``put`` copies a state in, ``get`` copies it out, ``free`` releases it."""
+    """An open store. ``put`` copies a state in, ``get`` copies it out (or, on the snapshot's last
+    read, ``take=True``, may hand its arrays over), ``free`` releases it."""
 
     kind = "memory"
 
@@ -118,14 +136,20 @@ class _LiveStore:
         self.peak_nbytes = max(self.peak_nbytes, self.nbytes)
         return snap
 
-    def get(self, snap: _Snapshot) -> list[np.ndarray]:
-        if not snap.alive:
+    def get(self, snap: _Snapshot, take: bool = False) -> list[np.ndarray]:
+        """The snapshot's leaves as new arrays of the caller's own. ``take``: this is its last
+        read (it is freed next), so a RAM store may hand over its arrays instead of copying."""
+        if not snap.alive or snap.taken:
             raise SnapshotError(
-                f"snapshot of step {snap.step} in {self.label} was already freed; a freed snapshot "
-                "is never replaced by a live value."
+                f"snapshot of step {snap.step} in {self.label} was already "
+                f"{'freed' if not snap.alive else 'handed over on its last read'}; a freed "
+                "snapshot is never replaced by a live value."
             )
         self.reads += 1
-        return self._read(snap)
+        out = self._read(snap, take)
+        if take:
+            snap.taken = True
+        return out
 
     def free(self, snap: _Snapshot) -> None:
         if not snap.alive:
@@ -145,7 +169,7 @@ class _LiveStore:
     def _write(self, step, arrays, prev):
         raise NotImplementedError
 
-    def _read(self, snap):
+    def _read(self, snap, take):
         raise NotImplementedError
 
     def _release(self, snap):
@@ -167,7 +191,7 @@ class _MemoryStore(_LiveStore):
         records = []
         for i, a in enumerate(arrays):
             old = prev[i] if prev is not None and i < len(prev) else None
-            if old is not None and _same_bytes(a, old.array):
+            if old is not None and old.array is not None and _same_bytes(a, old.array):
                 old.refs += 1
                 self.shared_leaves += 1
                 records.append(old)
@@ -177,13 +201,21 @@ class _MemoryStore(_LiveStore):
                 records.append(_RamLeaf(copy))
         return records
 
-    def _read(self, snap):
-        return [np.array(r.array, copy=True) for r in snap.leaves]
+    def _read(self, snap, take):
+        out = []
+        for r in snap.leaves:
+            if take and r.refs == 1:  # nothing else refers to it: hand it over
+                out.append(r.array)
+                self.nbytes -= r.array.nbytes
+                r.array = None
+            else:
+                out.append(np.array(r.array, copy=True))
+        return out
 
     def _release(self, snap):
         for r in snap.leaves:
             r.refs -= 1
-            if r.refs == 0:
+            if r.refs == 0 and r.array is not None:
                 self.nbytes -= r.array.nbytes
                 r.array = None
         snap.leaves = ()
@@ -207,11 +239,23 @@ class _DiskStore(_LiveStore):
     def __init__(self, label: str, directory: str | None, rank: int | None):
         super().__init__(label)
         if directory is not None:
-            os.makedirs(directory, exist_ok=True)
+            try:
+                os.makedirs(directory, exist_ok=True)
+            except OSError as e:
+                raise OSError(e.errno, f"{e.strerror}: cannot create the snapshot directory's "
+                              f"parent for the {label} store", directory) from e
         self.rank = rank
+        self.pid = os.getpid()  # a forked child must not remove the files
         tag = f"r{rank}-" if rank is not None else ""
-        self.path = tempfile.mkdtemp(prefix=f"retrograde-{tag}", dir=directory)
-        self._finalizer = weakref.finalize(self, shutil.rmtree, self.path, ignore_errors=True)
+        self.path = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{tag}p{os.getpid()}-", dir=directory)
+        self._finalizer = weakref.finalize(self, _remove_dir, self.path, os.getpid())
+        _SIGNALS.add(self.path)
+        try:
+            with open(os.path.join(self.path, OWNER_FILE), "w") as fh:
+                json.dump(_owner(), fh)
+        except BaseException:
+            self._finalizer()
+            raise
         self._ids = itertools.count()
         self._file_refs: dict[str, int] = {}
         self._file_size: dict[str, int] = {}
@@ -243,12 +287,11 @@ class _DiskStore(_LiveStore):
                         self.shared_leaves += 1
                         records.append(old)
                         continue
-                    if a.size:
-                        fh.write(memoryview(a.reshape(-1).view(np.uint8)))
+                    _write_bytes(fh, a)
                     records.append(_DiskLeaf(path, offset, a.dtype, a.shape, a.nbytes, digest))
                     offset += a.nbytes
             os.replace(tmp, path)  # atomic: a snapshot file is complete or absent
-        except BaseException:
+        except BaseException as e:
             for r in records:
                 if r.file != path:
                     self._file_refs[r.file] -= 1
@@ -256,6 +299,11 @@ class _DiskStore(_LiveStore):
                 os.unlink(tmp)
             except OSError:
                 pass
+            if isinstance(e, OSError) and e.errno is not None:
+                hint = (" (the disk is full: free space there, or give Disk(directory=...) on a "
+                        "larger file system)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "")
+                raise OSError(e.errno, f"{e.strerror}: cannot write the snapshot of step {step} "
+                              f"of the {self.label} store{hint}", tmp) from e
             raise
         # the snapshot's own file counts one reference per leaf stored in it
         own = sum(1 for r in records if r.file == path)
@@ -266,7 +314,7 @@ class _DiskStore(_LiveStore):
             self._drop_file(path)
         return records
 
-    def _read(self, snap):
+    def _read(self, snap, take):  # a fresh buffer per read, whether taken or not
         out = []
         handles: dict[str, Any] = {}
         try:
@@ -304,6 +352,8 @@ class _DiskStore(_LiveStore):
     def _drop_file(self, path):
         self._file_refs.pop(path, None)
         self.nbytes -= self._file_size.pop(path, 0)
+        if os.getpid() != self.pid:
+            return
         try:
             os.unlink(path)
         except FileNotFoundError:
@@ -323,11 +373,197 @@ class _DiskStore(_LiveStore):
             self._finalizer()  # removes the directory, whatever happened
 
 
+def _write_bytes(fh, a: np.ndarray) -> None:
+    if a.size:
+        fh.write(memoryview(a.reshape(-1).view(np.uint8)))
+
+
+def _remove_dir(path: str, pid: int) -> None:
+    """Remove a snapshot directory, in the process that made it only (not in a forked child
+    that exits or is terminated)."""
+    _SIGNALS.discard(path)
+    if os.getpid() == pid:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Signals: remove the live snapshot directories on SIGTERM/SIGHUP.
+
+
+class _SignalGuard:
+    """While snapshot directories exist, SIGTERM and SIGHUP (how batch schedulers stop jobs)
+    remove them before the signal takes its usual effect.
+
+    Handlers are installed (from the main thread only) when the first directory is made, and the
+    previous ones restored when the last is removed. On a signal whose previous handler is the
+    default action, the directories are removed, the default restored and the signal raised again
+    (the process ends as it would have). A previous Python handler is called instead: if it
+    raises (``sys.exit``), unwinding closes the runs, which remove their directories; if it
+    returns, the run goes on with its snapshots. Ignored signals, and handlers not installed
+    from Python, are left alone.
+    """
+
+    NAMES = ("SIGTERM", "SIGHUP")
+
+    def __init__(self):
+        self.dirs: dict[str, int] = {}  # path -> the process that made it
+        self.previous: dict[int, Any] = {}
+        self.lock = threading.RLock()
+
+    def add(self, path: str) -> None:
+        with self.lock:
+            self.dirs[path] = os.getpid()
+            if len(self.dirs) == 1:
+                self._install()
+
+    def discard(self, path: str) -> None:
+        with self.lock:
+            self.dirs.pop(path, None)
+            if not self.dirs:
+                self._restore()
+
+    def _install(self):
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in self.NAMES:
+            sig = getattr(signal, name, None)
+            if sig is None or sig in self.previous:
+                continue
+            prev = signal.getsignal(sig)
+            if prev is None or prev == signal.SIG_IGN:
+                continue
+            try:
+                signal.signal(sig, _on_signal)
+            except (ValueError, OSError):  # pragma: no cover - not the main interpreter
+                continue
+            self.previous[sig] = prev
+
+    def _restore(self):
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, prev in list(self.previous.items()):
+            if signal.getsignal(sig) is _on_signal:  # not replaced by someone else since
+                signal.signal(sig, prev)
+            del self.previous[sig]
+
+    def remove_all(self) -> None:
+        for path, pid in list(self.dirs.items()):
+            if pid == os.getpid():
+                shutil.rmtree(path, ignore_errors=True)
+
+
+_SIGNALS = _SignalGuard()
+
+
+def _on_signal(signum, frame):
+    prev = _SIGNALS.previous.get(signum, signal.SIG_DFL)
+    if callable(prev):
+        return prev(signum, frame)
+    _SIGNALS.remove_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+# ----------------------------------------------------------------------------------------------
+# Owners of snapshot directories, and directories left by processes that were killed.
+
+
+def _start_time(pid: int) -> int | None:
+    """The start time of process ``pid`` in clock ticks since boot (Linux), or ``None``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _owner() -> dict:
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "start": _start_time(pid)}
+
+
+def _alive(pid: int, start: int | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    now = _start_time(pid)
+    return start is None or now is None or now == start  # a different start: the id was reused
+
+
+class StaleDir(NamedTuple):
+    """One snapshot directory seen by :func:`remove_stale`: its ``path``, owner ``host`` and
+    ``pid`` (``None`` when unknown), and ``action``: "removed", "stale" (``dry_run``), or why it
+    was kept ("running", "other host", "no owner record").
+
+    Example: ``StaleDir('/tmp/retrograde-p4242-x1', 'node7', 4242, 'removed')``.
+    """
+
+    path: str
+    host: str | None
+    pid: int | None
+    action: str
+
+
+def remove_stale(directory: str | os.PathLike | None = None, *,
+                 dry_run: bool = False) -> list[StaleDir]:
+    """Remove snapshot directories whose process died without cleaning up (SIGKILL, abort,
+    power loss).
+
+    Looks at the ``retrograde-*`` directories directly in ``directory`` (default: the system's
+    temporary directory, where ``Disk()`` puts them) and removes those whose owner process, on
+    this host, no longer runs (a process id that was reused counts as gone, where the start time
+    is known). Directories of running processes, of other hosts (run this there) and without
+    an owner record are kept. Also available as ``retrograde clean [DIRECTORY] [--dry-run]``.
+
+    Returns:
+        One :class:`StaleDir` per directory seen.
+
+    Example:
+        >>> import retrograde.host as rh
+        >>> stale = rh.remove_stale("/scratch/me")  # doctest: +SKIP
+        >>> [d.path for d in stale if d.action == "removed"]  # doctest: +SKIP
+        ['/scratch/me/retrograde-p31337-3kq9x_a1']
+    """
+    directory = tempfile.gettempdir() if directory is None else os.fspath(directory)
+    host = socket.gethostname()
+    seen = []
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        if not entry.name.startswith(DIR_PREFIX) or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            with open(os.path.join(entry.path, OWNER_FILE)) as fh:
+                owner = json.load(fh)
+            pid, owner_host, start = int(owner["pid"]), str(owner["host"]), owner.get("start")
+        except (OSError, ValueError, KeyError, TypeError):
+            seen.append(StaleDir(entry.path, None, None, "no owner record"))
+            continue
+        if owner_host != host:
+            action = "other host"
+        elif _alive(pid, start):
+            action = "running"
+        elif dry_run:
+            action = "stale"
+        else:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            action = "removed" if not os.path.exists(entry.path) else "could not be removed"
+        seen.append(StaleDir(entry.path, owner_host, pid, action))
+    return seen
+
+
 class Storage:
     """Base class of storage specifications (:class:`Memory`, :class:`Disk`).
 
     Example: ``storage={"memory": rh.Memory(), "disk": rh.Disk("/scratch/run1")}`` maps
-    the levels of a ``MultiLevel`` schedule to stores; ``storage=rh.Disk()`` puts every level on disk.
+    the levels of a ``MultiLevel`` schedule to stores; ``storage=rh.Disk()`` puts every level on
+    disk.
     """
 
     def open(self, label: str) -> _LiveStore:  # pragma: no cover - abstract
@@ -352,11 +588,15 @@ class Memory(Storage):
 class Disk(Storage):
     """Snapshots written to files in a private temporary directory.
 
-    Each run creates ``tempfile.mkdtemp(prefix="retrograde-...", dir=directory)``; every snapshot
-    is one file there, written atomically (a ``.tmp`` file then ``os.replace``), with a blake2b
-    digest per leaf kept in memory and verified on every read; a file is deleted when its
-    snapshot (and every snapshot sharing a leaf with it) is freed, and the directory is removed
-    when the run ends, its handle is closed or garbage collected, on an exception, or at exit.
+    Each run creates ``tempfile.mkdtemp(prefix="retrograde-[r<rank>-]p<pid>-", dir=directory)``
+    with a file ``owner`` (host, process id, start time); every snapshot is one file there,
+    written atomically (a ``.tmp`` file then ``os.replace``), with a blake2b digest per leaf
+    kept in memory and verified on every read; a file is deleted when its snapshot (and every
+    snapshot sharing a leaf with it) is freed, and the directory is removed when the run ends,
+    its handle is closed or garbage collected, on an exception, at exit, and on SIGTERM or SIGHUP
+    (then the signal takes its usual effect). A directory left by a killed process (SIGKILL) is
+    removed by :func:`remove_stale` (``retrograde clean``). A failed write (disk full) raises
+    ``OSError`` naming the step and the file.
 
     Args:
         directory: where to create the private directory (created if missing); ``None`` for the
@@ -376,6 +616,8 @@ class Disk(Storage):
         if directory is not None and not isinstance(directory, (str, os.PathLike)):
             raise TypeError(f"Disk(directory=...) must be a path or None, got {directory!r}.")
         self.directory = None if directory is None else os.fspath(directory)
+        if self.directory is not None:
+            _check_directory(self.directory)
         if rank is None and comm is not None:
             rank = int(comm.Get_rank())
         if rank is None:
@@ -392,6 +634,23 @@ class Disk(Storage):
 
     def __repr__(self):
         return f"Disk({self.directory!r}, rank={self.rank!r})"
+
+
+def _check_directory(directory: str) -> None:
+    """``directory`` is, or can be made, a writable directory."""
+    probe = os.path.abspath(directory)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise NotADirectoryError(
+            f"Disk(directory={directory!r}): {probe} is a file, not a directory; give a "
+            "directory for the snapshot files (it is created if missing)."
+        )
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise PermissionError(
+            f"Disk(directory={directory!r}): {probe} is not writable; give a directory you "
+            "can write to."
+        )
 
 
 def resolve_storage(storage, levels) -> list[Storage]:

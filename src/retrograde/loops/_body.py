@@ -1,4 +1,4 @@
-"""A loop body as a closed jaxpr, and its JVP and batched versions.
+"""A loop body as a closed jaxpr, and its tangent-augmented version.
 
 A :class:`Body` is the step ``(consts, carry, x) -> (carry, y)`` of a loop, flattened into leaves:
 ``nc`` constants (closed-over values, parameters), ``nk`` carry leaves and ``nx`` per-step input
@@ -7,7 +7,8 @@ leaves in, ``nk`` carry leaves and ``ny`` per-step output leaves out.
 :func:`jvp_body` builds the tangent-augmented body ``(z, z_dot) -> (step(z), d step(z) . z_dot)``
 in group layout (each group's primal leaves, then the tangents of the leaves selected by a mask),
 and remembers its parent, so that the transpose rules can recognise the tangent half of an input.
-:func:`batch_body` builds the body vmapped over a leading axis of every input.
+Bodies are never batched: a batched loop runs its unbatched program under ``jax.vmap``
+(:mod:`._levels`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from jax.extend import core as jex_core
 Mask = tuple[bool, ...]
 
 
-def split(seq: Sequence, sizes: Sequence[int]) -> list[list]:
+def cut(seq: Sequence, sizes: Sequence[int]) -> list[list]:
     """Split ``seq`` into consecutive lists of the given sizes (the rest, if any, is dropped)."""
     out, i = [], 0
     for n in sizes:
@@ -48,20 +49,20 @@ class Body:
     by the tangents of the parent leaves where the group's mask is True.
 
     ``fast``, if given, is a second closed jaxpr of the same signature computing the same function,
-    used wherever the step or its VJP is *executed* (``__call__``), never where the body is
+    used wherever the step or its VJP is *executed* (:meth:`runner`), never where the body is
     transformed (:func:`jvp_body` builds from ``jaxpr``): e.g. the same step with an inner loop
     whose reverse mode is a ``custom_vjp``, quicker to reverse but not differentiable twice.
 
     ``guard``, if given, is a closed jaxpr ``(consts, carry) -> [bool]`` (a while loop's predicate):
     then ``jaxpr`` is the guarded step ``where(guard(z), step(z), z)`` and ``fast`` the unguarded
     step. The two agree on every step a loop executes unbatched (the loop runs, and its reversal
-    replays, only steps whose predicate held), so execution skips the guard; :func:`batch_body`
-    puts it back into ``fast`` (batch elements may have stopped before the others).
+    replays, only steps whose predicate held), so execution skips the guard; batched, it keeps it
+    (batch elements may have stopped before the others): see :meth:`runner`.
     """
 
     __slots__ = (
         "jaxpr", "nc", "nk", "nx", "ny", "parent", "masks", "stored", "fast", "guard", "_jvp_cache",
-        "_batch_cache", "__weakref__",
+        "_guarded_fast", "__weakref__",
     )
 
     def __init__(self, jaxpr, nc: int, nk: int, nx: int, parent: Body | None = None,
@@ -79,7 +80,7 @@ class Body:
         # Carry leaves kept in snapshots; the others are write-only buffers, stored once.
         self.stored = (True,) * nk if stored is None else tuple(stored)
         self._jvp_cache: dict = {}
-        self._batch_cache: dict = {}
+        self._guarded_fast = None
 
     # Abstract values of each group.
     @property
@@ -116,12 +117,23 @@ class Body:
     def effects(self):
         return self.jaxpr.effects
 
-    def __call__(self, consts, carry, x):
-        """Evaluate one step (with ``fast`` where there is one): returns ``(carry, y)`` as lists of
-        leaves."""
+    def runner(self, batched: bool = False):
+        """The function that executes one step, ``(consts, carry, x) -> (carry, y)`` as lists of
+        leaves: ``fast`` where there is one (with its guard put back when ``batched``), else
+        ``jaxpr``."""
         jaxpr = self.jaxpr if self.fast is None else self.fast
-        out = jex_core.jaxpr_as_fun(jaxpr)(*consts, *carry, *x)
-        return list(out[: self.nk]), list(out[self.nk :])
+        if batched and self.guard is not None:
+            if self._guarded_fast is None:
+                self._guarded_fast = guarded(self.fast, self.guard, self.nc, self.nk)
+            jaxpr = self._guarded_fast
+        fun = jex_core.jaxpr_as_fun(jaxpr)
+        nk = self.nk
+
+        def run(consts, carry, x):
+            out = fun(*consts, *carry, *x)
+            return list(out[:nk]), list(out[nk:])
+
+        return run
 
     def __repr__(self):
         depth, b = 0, self
@@ -170,9 +182,9 @@ def jvp_body(body: Body, mc: Mask, mk: Mask, mx: Mask) -> tuple[Body, Mask, Mask
     n_kt, n_yt = sum(mk_fix), sum(my)
 
     def augmented(*args):
-        c, cd, k, kd, x, xd = split(args, sizes_in)
+        c, cd, k, kd, x, xd = cut(args, sizes_in)
         out = jex_core.jaxpr_as_fun(jaxpr_jvp)(*c, *k, *x, *cd, *kd, *xd)
-        kp, yp, kt, yt = split(out, [nk, ny, n_kt, n_yt])
+        kp, yp, kt, yt = cut(out, [nk, ny, n_kt, n_yt])
         return [*kp, *kt, *yp, *yt]
 
     def tangent_avals(avals, mask):
@@ -192,28 +204,6 @@ def jvp_body(body: Body, mc: Mask, mk: Mask, mx: Mask) -> tuple[Body, Mask, Mask
     result = (child, mk_fix, my)
     body._jvp_cache[key] = result
     return result
-
-
-def batch_body(body: Body, size: int) -> Body:
-    """The body vmapped over a new leading axis of size ``size`` on every input and output."""
-    hit = body._batch_cache.get(size)
-    if hit is not None:
-        return hit
-
-    def batched(jaxpr):
-        fun = jex_core.jaxpr_as_fun(jaxpr)
-        return jax.make_jaxpr(jax.vmap(lambda *a: fun(*a)))(
-            *[_sds(a, (size,)) for a in jaxpr.in_avals]
-        )
-
-    parent = batch_body(body.parent, size) if body.parent is not None else None
-    fast = batched(body.fast) if body.fast is not None else None
-    if body.guard is not None:
-        fast = guarded(fast, batched(body.guard), body.nc, body.nk)
-    child = Body(batched(body.jaxpr), body.nc, body.nk, body.nx, parent=parent, masks=body.masks,
-                 stored=body.stored, fast=fast)
-    body._batch_cache[size] = child
-    return child
 
 
 def guarded(step, guard, nc: int, nk: int):

@@ -1,13 +1,20 @@
-"""The compiled programs behind the primitives: forward sweep, and schedule-driven adjoint.
+"""The compiled programs behind the primitives: forward sweeps and the schedule's reverse sweep.
 
-Everything here is traced inside a primitive's lowering, so it only uses ``jax.lax``. Costs, for a
-loop of ``N`` steps and a schedule with ``t`` plain evaluations and ``S`` device slots:
+Everything here is traced inside a primitive's lowering (unbatched: a batched primitive runs
+these under ``jax.vmap``, see :mod:`._levels`), so it only uses ``jax.lax``. Costs, for a loop
+of ``N`` steps and a schedule with ``t`` plain evaluations and ``S`` slots:
 
 - :func:`forward`: ``N`` plain evaluations; memory: the carry, the ``ys`` (``O(N)`` by nature)
-  and, with ``save``, ``S`` snapshots plus the state ``u_{N-1}``.
+  and, with tables, ``S`` snapshots plus the state ``u_{N-1}``.
 - :func:`adjoint`: from saved snapshots ``t - (N - 1)`` plain and ``N`` recorded evaluations,
-  otherwise ``t`` plain and ``N`` recorded; memory: ``S`` snapshots, the carry and its cotangent,
-  one step's VJP working set, and the cotangents of ``xs`` (``O(N)`` by nature, only if ``xs``).
+  otherwise ``t`` plain and ``N`` recorded; memory: ``S`` snapshots, the carry and its
+  cotangent, one step's VJP working set, and the cotangents of ``xs`` (``O(N)``, only if wanted).
+
+The reverse sweep (:func:`_reverse`) executes a stream of macro-actions (:mod:`._machine`): moves
+(restore, advance, store) and leaves. A leaf runs as two plain loops, its forward part storing
+every state and its records reading them back, so most steps cost what they cost in
+``jax.lax.scan``'s reverse pass; the stream comes from the in-graph binomial machine (``O(S)``
+state) or, for schedules without a binomial reversal, from a table of rows.
 """
 
 from __future__ import annotations
@@ -17,12 +24,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from . import _machine as machine
 from ._body import Body, is_float
-from ._machine import P_DONE, init_state
-from ._machine import phase as machine_phase
-from ._machine import step as machine_step
+from ..schedules import online_decisions
 from ._placement import store_slot
-from ._plan import ADVANCE, RECORD, RESTORE, STORE, Plan
+from ._tables import Tables
+
+i32 = jnp.int32
 
 
 def _slice(xs, n):
@@ -33,8 +41,29 @@ def _put(buffers, values, n):
     return [lax.dynamic_update_index_in_dim(b, v, n, 0) for b, v in zip(buffers, values)]
 
 
+def _load(slots, k, cur):
+    """The state in slot ``k``, or ``cur`` if ``k < 0`` (a select, not a conditional: a
+    conditional that passes a loop's state through copies it)."""
+    got = _slice(slots, jnp.maximum(k, 0))
+    return [jnp.where(k >= 0, g, c) for g, c in zip(got, cur)]
+
+
+def _store(slots, k, values):
+    """``slots`` with ``values`` in slot ``k`` (unchanged if ``k < 0``), in place."""
+    j = jnp.maximum(k, 0)
+    old = _slice(slots, j)
+    return _put(slots, [jnp.where(k >= 0, v, o) for v, o in zip(values, old)], j)
+
+
 def _zeros(avals, lead=()):
     return [jnp.zeros(lead + tuple(a.shape), a.dtype) for a in avals]
+
+
+def any_over(pred, axes):
+    """``pred`` or-ed over the batch axes ``axes`` (vmap axis names): one unbatched bool."""
+    if not axes:
+        return pred
+    return lax.psum(pred.astype(i32), axes) > 0
 
 
 def _zeros_after(avals, lead, deps):
@@ -50,13 +79,14 @@ def _zeros_after(avals, lead, deps):
     return [jnp.broadcast_to(dep.astype(a.dtype), lead + tuple(a.shape)) for a in avals]
 
 
-def _confined(seeds, sweep, zero):
+def _confined(seeds, sweep, zero, axes):
     """Run ``sweep()`` inside a conditional on "some seed is nonzero", else return ``zero()``.
 
     A reverse sweep that lays its own snapshots allocates its slots inside the conditional's
     branch, so XLA keeps them alive only while that sweep runs. Without it, the slots of
     independent sweeps (as in higher derivatives) are all allocated up front and live at once.
     Skipping a sweep whose cotangent seeds are all zero is exact: the adjoint is linear in them.
+    Under ``vmap`` the predicate is or-ed over the batch, so it stays a conditional.
     """
     live = [jnp.any(s != 0) for s in seeds if s.size]
     if not live:
@@ -64,40 +94,124 @@ def _confined(seeds, sweep, zero):
     pred = live[0]
     for p in live[1:]:
         pred = pred | p
-    return lax.cond(pred, sweep, zero)
+    return lax.cond(any_over(pred, axes), sweep, zero)
 
 
-def forward(body: Body, plan: Plan, consts, carry, xs, save: bool):
-    """Run all ``N`` steps. Returns ``(carry_N, ys, slots, cur)``; ``slots`` holds the first
-    sweep's snapshots and ``cur`` is ``u_{N-1}`` (both empty lists unless ``save``)."""
-    n = plan.length
-    ys = _zeros(body.y_avals, (n,))
-    slots = _zeros(body.snapshot_avals, (plan.n_slots,)) if save else []
-    if n == 0:
-        return list(carry), ys, slots, (list(carry) if save else [])
-    steps = jnp.asarray(list(plan.store_steps) + [n], jnp.int32)
-    where = jnp.asarray(list(plan.store_slots) + [0], jnp.int32)
+# ----------------------------------------------------------------------------- forward sweeps
 
-    def one(i, state):
-        carry, ys, slots, ptr = state
-        if save:
+
+def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = None, *,
+            ys: bool = True, slots=None, unroll=1, batched=False):
+    """Run all ``N = length`` steps. Returns ``(carry_N, ys, snaps)``: the stacked per-step
+    outputs (none unless ``ys``), and with ``tables`` the snapshots, ``S`` rows of each stored
+    carry leaf (written into ``slots`` if given) followed by the stored leaves of ``u_{N-1}``."""
+    n = tables.length if tables is not None else length
+    step = body.runner(batched)
+    ys_buf = _zeros(body.y_avals, (n,)) if ys else []
+    if tables is not None and slots is None:
+        slots = _zeros(body.snapshot_avals, (tables.n_slots,))
+
+    def advance(i, state):
+        carry, ys_buf, slots, ptr = state
+        if tables is not None:
             hit = steps[ptr] == i
             slots = lax.cond(
                 hit, lambda s: _put(s, body.snapshot(carry), where[ptr]), lambda s: list(s), slots
             )
-            ptr = ptr + hit.astype(jnp.int32)
-        new, y = body(consts, carry, _slice(xs, i))
-        return new, _put(ys, y, i), slots, ptr
+            ptr = ptr + hit.astype(i32)
+        new, y = step(consts, carry, _slice(xs, i))
+        return new, _put(ys_buf, y, i) if ys else ys_buf, slots, ptr
 
-    state = (list(carry), ys, slots, jnp.int32(0))
-    state = lax.fori_loop(0, n - 1, one, state)
-    cur = list(state[0]) if save else []
-    carry, ys, slots, _ = one(n - 1, state)
-    return carry, ys, slots, cur
+    if tables is not None:
+        steps = jnp.asarray(np.append(tables.store_steps, n).astype(np.int32))
+        where = jnp.asarray(np.append(tables.store_slots, 0).astype(np.int32))
+    state = (list(carry), ys_buf, list(slots) if tables is not None else [], i32(0))
+    if n == 0:  # nothing to trace (a step would index an empty xs)
+        return list(carry), ys_buf, ([*state[2], *body.snapshot(carry)] if tables else [])
+    if tables is None:
+        carry, ys_buf, _, _ = lax.fori_loop(0, n, advance, state, unroll=unroll)
+        return carry, ys_buf, []
+    # The last step is taken apart: its state u_{N-1} is the reverse sweep's first.
+    state = lax.fori_loop(0, n - 1, advance, state, unroll=unroll)
+    last = body.snapshot(state[0])
+    carry, ys_buf, slots, _ = advance(n - 1, state)
+    return carry, ys_buf, [*slots, *last]
 
 
-def _advance(body: Body, consts, xs, cur, a, b):
-    return lax.fori_loop(a, b, lambda i, c: body(consts, c, _slice(xs, i))[0], cur)
+# The Online rule's decisions are read off a table for this many steps (at most), computed once
+# in Python; beyond it the loop evaluates the rule itself.
+DECISIONS = 1 << 13
+
+
+def _decisions(n_slots: int, max_steps):
+    """The placement table for the first ``min(max_steps, DECISIONS)`` steps (int32)."""
+    n = DECISIONS if max_steps is None else min(max_steps, DECISIONS)
+    return jnp.asarray(np.asarray(online_decisions(n_slots, max(n, 1)), np.int32))
+
+
+def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry, save: bool,
+                  axes=()):
+    """Run ``while cond(carry) and n < max_steps: carry = body(carry)``; with ``save``, place
+    snapshots by the ``Online`` rule as steps arrive. Returns ``(carry_N, N, slots, held)``:
+    ``S`` rows of each stored carry leaf and int32[S] held steps (``-1`` empty). Under ``vmap``
+    (``axes``) the loop runs while any element goes on."""
+    held = jnp.full((n_slots,), -1, i32)
+    slots = _zeros(body.snapshot_avals, (n_slots,)) if save else []
+    limit = jnp.iinfo(jnp.int32).max if max_steps is None else max_steps
+    step = body.runner(bool(axes))
+
+    def go(state):
+        n, carry, _, _ = state
+        _, (ok,) = cond.runner(False)(consts, [], carry)
+        return any_over(ok, axes) & (n < limit)
+
+    def run(place, go, state):
+        def one(state):
+            n, carry, slots, held = state
+            if place is not None:
+                slots, held = place(n, body.snapshot(carry), slots, held)
+            carry, _ = step(consts, carry, [])
+            return n + 1, carry, slots, held
+
+        return lax.while_loop(go, one, state)
+
+    state = (i32(0), list(carry), slots, held)
+    if not save:
+        n, carry, _, _ = run(None, go, state)
+        return carry, n, [], held
+    place = _placement(n_slots, max_steps)
+    n, carry, slots, held = run(place, go, state)
+    return carry, n, slots, held
+
+
+def _placement(n_slots: int, max_steps):
+    """Store ``u_n`` where the ``Online`` rule puts it: read off a table of its decisions for
+    the first steps, and evaluated beyond the table (only in a loop that may run that long)."""
+    table = _decisions(n_slots, max_steps)
+    m = table.shape[0]
+
+    def place(n, snap, slots, held):
+        k = table[jnp.minimum(n, m - 1)]
+        if max_steps is None or max_steps > m:
+            k = lax.cond(n < m, lambda h: k, lambda h: store_slot(n, h, n_slots), held)
+        return _stored(n, k, snap, slots, held)
+
+    return place
+
+
+def _stored(n, k, snap, slots, held):
+    """``u_n`` in slot ``k`` (nothing if ``k < 0``)."""
+    held = jnp.where(k >= 0, held.at[jnp.maximum(k, 0)].set(n), held)
+    return _store(slots, k, snap), held
+
+
+def advance_steps(body: Body, consts, carry, n_steps, batched=False):
+    """``n_steps`` plain steps of a body without per-step inputs (traced count)."""
+    step = body.runner(batched)
+    return lax.fori_loop(0, n_steps, lambda i, c: step(consts, c, [])[0], list(carry))
+
+
+# ----------------------------------------------------------------------------- reverse sweep
 
 
 def _differentiated(body, keep):
@@ -115,32 +229,23 @@ def _differentiated(body, keep):
     return masked(body.const_avals, cmask), masked(body.x_avals, xmask)
 
 
-class _Reverse:
-    """The two kinds of work of a reverse sweep, on the snapshot leaves of the state only.
+class _Steps:
+    """The step, on the snapshot leaves of the state, and its VJP, for one reverse sweep.
 
     ``cur`` holds the carry leaves that snapshots hold; write-only buffer leaves (``body.stored``
     False) are fed to the step as fixed zeros, since nothing the step computes depends on them, so
     recomputation never carries (or writes) them.
-
-    - :meth:`move` executes one non-recording action row: advance (a zero-trip loop unless the
-      row advances), then store and restore, each under a two-way cond that leaves the slots or
-      the state untouched when the row is something else (a many-way switch would make XLA keep a
-      second copy of the slots). Any other opcode is a no-op. The cotangents are not operands.
-    - :meth:`record` is the VJP of one step, run unconditionally: sweeps are organised as one
-      iteration per recorded step (the moves before it, then the record), so the carry and
-      parameter cotangents never pass through a conditional (a cond's untaken branch would copy
-      them, every action).
     """
 
-    def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep=None):
+    def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep, batched):
         self.body, self.consts, self.xs = body, consts, xs
+        self.run = body.runner(batched)
         self.fc, self.fx = _differentiated(body, keep)
         self.fk = [is_float(a) for a in body.carry_avals]
         self.fy = [is_float(a) for a in body.y_avals]
         self.y_avals_f = [a for a, f in zip(body.y_avals, self.fy) if f]
         ybar_of = iter(ys_bar)
         self.ybar_full = [next(ybar_of) if m else None for m in ymask]
-        # Buffer leaves: zeros that are never carried (placeholders for the snapshot leaves).
         self.filler = [
             None if keep_ else jnp.zeros(a.shape, a.dtype)
             for a, keep_ in zip(body.carry_avals, body.stored)
@@ -151,17 +256,10 @@ class _Reverse:
         return self.body.restore(self.filler, cur)
 
     def step(self, cur, i):
-        return self.body.snapshot(self.body(self.consts, self.full(cur), _slice(self.xs, i))[0])
+        return self.body.snapshot(self.run(self.consts, self.full(cur), _slice(self.xs, i))[0])
 
     def advance(self, cur, a, b):
         return lax.fori_loop(a, b, lambda i, c: self.step(c, i), list(cur))
-
-    def move(self, op, a, b, cur, slots):
-        is_adv = op == ADVANCE
-        cur = self.advance(cur, jnp.where(is_adv, a, 0), jnp.where(is_adv, b, 0))
-        slots = lax.cond(op == STORE, lambda s: _put(s, cur, b), lambda s: list(s), slots)
-        cur = lax.cond(op == RESTORE, lambda c: _slice(slots, b), lambda c: list(c), cur)
-        return cur, slots
 
     def record(self, i, cur, kbar, cbar, xbar):
         """The VJP of step ``i`` at ``cur``: the new carry cotangent, the accumulated consts
@@ -180,7 +278,7 @@ class _Reverse:
             return [next(it) if f else v for v, f in zip(all_vals, flags)]
 
         def f(c_f, k_f, x_f):
-            k_new, y = self.body(merge(c_f, consts, fc), merge(k_f, full, fk), merge(x_f, x, fx))
+            k_new, y = self.run(merge(c_f, consts, fc), merge(k_f, full, fk), merge(x_f, x, fx))
             return (
                 [v for v, f in zip(k_new, fk) if f],
                 [v for v, f in zip(y, fy) if f],
@@ -194,21 +292,98 @@ class _Reverse:
         xbar = _put(xbar, dx, i) if xbar else xbar
         return list(dk), [a + b for a, b in zip(cbar, dc)], xbar
 
+    # The macro-actions.
 
-def _by_record(rows):
-    """Group an action table by recorded step: ``(moves, starts, steps)`` where the moves before
-    the ``k``-th record are ``moves[starts[k]:starts[k + 1]]`` and it records step ``steps[k]``.
-    Rows after the last record (none in a valid reversal) are dropped."""
-    rows = np.asarray(rows, np.int32).reshape(-1, 3)
-    is_rec = rows[:, 0] == RECORD
-    moves = rows[~is_rec]
-    # Moves before each record: the count of non-record rows preceding it.
-    before = np.cumsum(~is_rec)[is_rec] if is_rec.any() else np.zeros(0, np.int64)
-    starts = np.concatenate([[0], before]).astype(np.int32)
-    if moves.shape[0] == 0:
-        moves = np.zeros((1, 3), np.int32)
-        moves[0, 0] = -1
-    return moves, starts, rows[is_rec, 1].astype(np.int32)
+    def move(self, act, cur, slots):
+        """Restore, advance, store (each only if the action asks)."""
+        cur = _load(slots, act.restore, cur)
+        cur = self.advance(cur, act.start, act.stop)
+        return cur, _store(slots, act.store, cur)
+
+    def leaf_forward(self, act, idx, cur, slots):
+        """A leaf's forward part: store every state from ``first`` on and advance to the last."""
+        cur = _load(slots, act.restore, cur)
+
+        def one(i, cs):
+            cur, slots = cs
+            slots = _put(slots, cur, idx[i - act.start])
+            return self.step(cur, i), slots
+
+        return lax.fori_loop(act.first, act.stop - 1, one, (cur, slots))
+
+    def leaf_records(self, act, idx, cur, slots, kbar, cbar, xbar):
+        """A leaf's records, last step first: the last from the state at hand (or its slot, if
+        the leaf's last state is held), the others each straight from its slot (no state carried
+        from record to record)."""
+        last = act.stop - 1
+        cur = _load(slots, jnp.where(act.fresh != 0, -1, idx[last - act.start]), cur)
+        state = self.record(last, cur, kbar, cbar, xbar)
+
+        def one(j, state):
+            k = last - 1 - j
+            return self.record(k, _slice(slots, idx[k - act.start]), *state)
+
+        return lax.fori_loop(0, last - act.start, one, state)
+
+
+class _Binomial:
+    """Macro-actions from the in-graph binomial machine."""
+
+    def __init__(self, n_slots, steps, slots, n_held, n_steps, at_hand):
+        self.state = machine.init(n_slots, steps, slots, n_held, n_steps, at_hand)
+
+    step = staticmethod(machine.step)
+    leaf_slots = staticmethod(machine.leaf_slots)
+
+
+class _RowSource:
+    """Macro-actions read off a table of rows (each leaf records one step, at hand)."""
+
+    def __init__(self, rows, n_slots):
+        self.rows = jnp.asarray(rows, i32)
+        self.n_slots = n_slots
+        self.state = i32(0)
+
+    def step(self, ptr):
+        done = jnp.asarray([machine.DONE, -1, 0, 0, 0, -1, 0], i32)
+        if self.rows.shape[0] == 0:
+            return ptr, machine.Action(*done)
+        row = lax.dynamic_index_in_dim(self.rows, jnp.minimum(ptr, self.rows.shape[0] - 1), 0,
+                                       keepdims=False)
+        return ptr + 1, machine.Action(*jnp.where(ptr < self.rows.shape[0], row, done))
+
+    def leaf_slots(self, ptr):
+        return jnp.zeros((self.n_slots + 1,), i32)
+
+
+def _reverse(steps: _Steps, source, cur, slots, kbar, cbar, xbar):
+    """Execute the macro-actions of ``source`` from the state ``cur`` and snapshot rows
+    ``slots``. One iteration per leaf: the moves before it (the cotangents are not operands),
+    then the leaf, whose records run unconditionally (a conditional's untaken branch would copy
+    the cotangents)."""
+
+    def moving(c):
+        return c[1].kind == machine.MOVE
+
+    def move(c):
+        m, act, cur, slots = c
+        cur, slots = steps.move(act, cur, slots)
+        m, act = source.step(m)
+        return m, act, cur, slots
+
+    def one_leaf(c):
+        m, act, cur, slots, kbar, cbar, xbar = c
+        m, act, cur, slots = lax.while_loop(moving, move, (m, act, cur, slots))
+        idx = source.leaf_slots(m)
+        cur, slots = steps.leaf_forward(act, idx, cur, slots)
+        kbar, cbar, xbar = steps.leaf_records(act, idx, cur, slots, kbar, cbar, xbar)
+        m, act = source.step(m)
+        return m, act, cur, slots, kbar, cbar, xbar
+
+    m, act = source.step(source.state)
+    state = (m, act, list(cur), list(slots), list(kbar), cbar, xbar)
+    state = lax.while_loop(lambda c: c[1].kind != machine.DONE, one_leaf, state)
+    return state[4], state[5], state[6]
 
 
 def _cotangent_init(body, consts, xs, keep=None):
@@ -218,149 +393,89 @@ def _cotangent_init(body, consts, xs, keep=None):
     return consts_bar, xs_bar
 
 
-def adjoint(body: Body, plan: Plan, consts, carry0, xs, ck, carry_bar, ys_bar, ymask,
-            keep=None):
-    """Execute the schedule's reverse sweep (from ``ck = (slots, cur)``) or its whole stream
-    (``ck is None``), and return the cotangents of the float leaves of consts, carry_0 and xs.
+def _source(tables: Tables):
+    if tables.rows is not None:
+        return _RowSource(tables.rows, tables.n_slots)
+    steps, slots, count = tables.held
+    return _Binomial(tables.n_slots, jnp.asarray(steps), jnp.asarray(slots), count, tables.length,
+                     at_hand=True)
+
+
+def adjoint(body: Body, tables: Tables, consts, carry0, xs, snaps, carry_bar, ys_bar, ymask,
+            keep=None, axes=()):
+    """Execute the schedule's reverse sweep from the forward sweep's snapshots ``snaps`` (as
+    :func:`forward` returns them), or, with ``snaps is None``, its forward sweep first; return
+    the cotangents of the float leaves of consts, carry_0 and xs.
 
     ``carry_bar`` holds one cotangent per float carry leaf; ``ys_bar`` one per float ``y`` leaf
     whose ``ymask`` entry is True (the others are zero and never materialised). ``keep = (cmask,
     xmask)`` selects the float consts and xs leaves whose cotangents are wanted (``None``: all);
-    the others are held constant, so their cotangents cost neither time nor memory.
+    the others are held constant, so their cotangents cost neither time nor memory. ``axes``:
+    the names of the ``vmap`` axes this runs under (see :func:`_confined`).
     """
     consts_bar, xs_bar = _cotangent_init(body, consts, xs, keep)
-    if plan.length == 0:
+    if tables.length == 0:
         return consts_bar, list(carry_bar), xs_bar
-    rev = _Reverse(body, consts, xs, ys_bar, ymask, keep)
+    steps = _Steps(body, consts, xs, ys_bar, ymask, keep, bool(axes))
+    ns = sum(body.stored)
 
-    def sweep(rows, slots, cur):
-        moves, starts, steps = (jnp.asarray(t) for t in _by_record(rows))
-
-        def one_record(k, state):
-            cur, slots, kbar, cbar, xbar = state
-
-            def move(r, cs):
-                return rev.move(moves[r, 0], moves[r, 1], moves[r, 2], *cs)
-
-            cur, slots = lax.fori_loop(starts[k], starts[k + 1], move, (cur, slots))
-            kbar, cbar, xbar = rev.record(steps[k], cur, kbar, cbar, xbar)
-            return cur, slots, kbar, cbar, xbar
-
-        state = (cur, slots, list(carry_bar), consts_bar, xs_bar)
-        _, _, kbar, cbar, xbar = lax.fori_loop(0, steps.shape[0], one_record, state)
+    def sweep(snaps):
+        kbar, cbar, xbar = _reverse(steps, _source(tables), snaps[ns:], snaps[:ns], carry_bar,
+                                    consts_bar, xs_bar)
         return cbar, kbar, xbar
 
-    if ck is not None:
-        return sweep(plan.rows[plan.first_record :], list(ck[0]), body.snapshot(ck[1]))
+    if snaps is not None:
+        return sweep(list(snaps))
 
     def own():
-        slots = _zeros_after(body.snapshot_avals, (plan.n_slots,), [*carry_bar, *carry0])
-        return sweep(plan.rows, slots, body.snapshot(carry0))
+        rows = _zeros_after(body.snapshot_avals, (tables.n_slots,), [*carry_bar, *carry0])
+        _, _, laid = forward(body, tables.length, consts, carry0, xs, tables, ys=False, slots=rows,
+                             batched=bool(axes))
+        return sweep(laid)
 
     def zero():
         return consts_bar, [jnp.zeros_like(k) for k in carry_bar], xs_bar
 
-    return _confined([*carry_bar, *ys_bar], own, zero)
+    return _confined([*carry_bar, *ys_bar], own, zero, axes)
 
 
-# ----------------------------------------------------------------------------- unknown length
-
-
-def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry, save: bool):
-    """Run ``while cond(carry) and n < max_steps: carry = body(carry)``; with ``save``, place
-    snapshots by the ``Online`` rule as steps arrive. Returns ``(carry_N, N, slots, held)``."""
-    held = jnp.full((n_slots,), -1, jnp.int32)
-    slots = _zeros(body.snapshot_avals, (n_slots,)) if save else []
-    limit = jnp.iinfo(jnp.int32).max if max_steps is None else max_steps
-
-    def go(state):
-        n, carry, _, _ = state
-        _, (ok,) = cond(consts, [], carry)
-        return ok & (n < limit)
-
-    def one(state):
-        n, carry, slots, held = state
-        if save:
-            slots, held = _place(n, body.snapshot(carry), slots, held, n_slots)
-        carry, _ = body(consts, carry, [])
-        return n + 1, carry, slots, held
-
-    n, carry, slots, held = lax.while_loop(go, one, (jnp.int32(0), list(carry), slots, held))
-    return carry, n, slots, held
-
-
-def _place(n, snap, slots, held, n_slots):
-    k = store_slot(n, held, n_slots)
-    slots = lax.cond(k >= 0, lambda s: _put(s, snap, k), lambda s: list(s), slots)
-    held = jnp.where(k >= 0, held.at[jnp.maximum(k, 0)].set(n), held)
-    return slots, held
-
-
-def advance_steps(body: Body, consts, carry, n_steps):
-    """``n_steps`` plain steps of a body without per-step inputs (traced count)."""
-    return _advance(body, consts, [], list(carry), 0, n_steps)
-
-
-def adjoint_while(body: Body, n_slots: int, n_steps, consts, carry0, ck, carry_bar,
-                  keep=None):
+def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, ck, carry_bar,
+                  keep=None, axes=()):
     """Reverse ``n_steps`` steps of a body without per-step inputs or outputs.
 
     From ``ck = (slots, held)`` (the forward sweep's snapshots) or, with ``ck is None``, after
-    replaying the forward sweep's placement. Segments between held snapshots are reversed right to
-    left by the in-graph binomial machine: one iteration per recorded step, which runs the
-    machine's actions up to the next record, then the record (see :class:`_Reverse`). Returns
-    cotangents of float consts and carry leaves.
+    replaying the forward sweep's placement. The segments between held snapshots are reversed by
+    the in-graph binomial machine. Returns cotangents of float consts and carry leaves.
     """
     consts_bar, _ = _cotangent_init(body, consts, [], keep)
-    rev = _Reverse(body, consts, [], [], (), keep)
+    steps = _Steps(body, consts, [], [], (), keep, bool(axes))
 
     def sweep(slots, held):
-        order = jnp.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held)).astype(jnp.int32)
-        starts = held[order]
-        n_seg = jnp.sum(held >= 0).astype(jnp.int32)
-        machine = init_state(n_slots, starts, order, n_seg, n_steps, False)
-
-        def pending(s):
-            m, (op, _, _), _, _ = s
-            return (op != RECORD) & (machine_phase(m) != P_DONE)
-
-        def move(s):
-            m, (op, a, b), cur, slots = s
-            cur, slots = rev.move(op, a, b, cur, slots)
-            m, action = machine_step(m)
-            return m, action, cur, slots
-
-        def one_record(_, state):
-            m, action, cur, slots, kbar, cbar = state
-            m, action, cur, slots = lax.while_loop(pending, move, (m, action, cur, slots))
-            # A record with b > 0 takes its state from slot b - 1 (restore and record at once).
-            _, a, b = action
-            cur = lax.cond(b > 0, lambda c: _slice(slots, b - 1), lambda c: list(c), cur)
-            kbar, cbar, _ = rev.record(a, cur, kbar, cbar, [])
-            m, action = machine_step(m)
-            return m, action, cur, slots, kbar, cbar
-
-        m, action = machine_step(machine)
-        state = (m, action, body.snapshot(carry0), slots, list(carry_bar), consts_bar)
-        *_, kbar, cbar = lax.fori_loop(0, n_steps, one_record, state)
+        order = jnp.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held)).astype(i32)
+        count = jnp.sum(held >= 0, dtype=i32)
+        source = _Binomial(n_slots, held[order], order, count, n_steps, at_hand=False)
+        kbar, cbar, _ = _reverse(steps, source, body.snapshot(carry0), slots, carry_bar,
+                                 consts_bar, [])
         return cbar, kbar
 
     if ck is not None:
         return sweep(list(ck[0]), ck[1])
 
     def own():
+        place = _placement(n_slots, max_steps)
+
         def replay(n, state):
             cur, slots, held = state
-            slots, held = _place(n, cur, slots, held, n_slots)
-            return rev.step(cur, n), slots, held
+            slots, held = place(n, cur, slots, held)
+            return steps.step(cur, n), slots, held
 
-        init = (body.snapshot(carry0),
-                _zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
-                jnp.full((n_slots,), -1, jnp.int32))
-        _, slots, held = lax.fori_loop(0, n_steps, replay, init)
-        return sweep(slots, held)
+        state = (body.snapshot(carry0),
+                 _zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
+                 jnp.full((n_slots,), -1, i32))
+        state = lax.fori_loop(0, n_steps, replay, state)
+        return sweep(state[1], state[2])
 
     def zero():
         return consts_bar, [jnp.zeros_like(k) for k in carry_bar]
 
-    return _confined(list(carry_bar), own, zero)
+    return _confined(list(carry_bar), own, zero, axes)

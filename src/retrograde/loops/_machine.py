@@ -1,337 +1,250 @@
-"""Binomial reversal generated inside a compiled program, for step counts known only at run time.
+"""The binomial reversal, generated inside a compiled program as a stream of macro-actions.
 
-:func:`revolve_rows` is the in-graph twin of :func:`retrograde.schedules._revolve._reverse`: a state
-machine whose every call emits the next action ``(opcode, a, b)`` (opcodes of
-:mod:`retrograde.loops._plan`, plus ``NOP``) of the optimal reversal of the segments between held
-snapshots, using a fixed-size task stack (``O(s)`` integers). Each segment is reversed, right to
-left, with its own snapshot plus every free slot at the time; a segment's snapshot is freed once
-it is done, so earlier segments get more slots.
+The in-graph twin of :func:`retrograde.schedules.reverse_held`: reverse the segments
+``[p_0, p_1), ..., [p_{m-1}, N)`` between held snapshots, last first, each by Revolve with its
+own slot and every free slot at the time (a segment's slot is freed once it is done). State:
+a few int32 registers, a task stack of ``2 S + 4`` rows and the free list (``O(S)`` integers for
+``S`` slots), so nothing here grows with ``N``.
+
+Each :func:`step` emits one :class:`Action`:
+
+- ``MOVE``: restore slot ``restore`` (if ``>= 0``), advance from ``start`` to ``stop``, then store
+  the state in slot ``store`` (if ``>= 0``); no step is recorded.
+- ``LEAF``: reverse ``[start, stop)`` at once, recording every step: restore slot ``restore``
+  (if ``>= 0``); for ``n = first .. stop - 2`` store ``u_n`` in slot ``idx[n - start]`` and
+  advance; then record ``stop - 1`` from the state at hand if ``fresh`` (else from its slot
+  ``idx[stop - 1 - start]``), and the others down to ``start`` from slots ``idx``
+  (:func:`leaf_slots`). A leaf is a task that Revolve reverses with no step run plainly twice
+  (``n <= s + 1``, every state stored), a single step, or the run of one-step segments that ends
+  the loop (``first = stop - 1``: their states are held already).
+- ``DONE``: nothing is left.
+
+So a reversal's per-step work runs in plain loops (a leaf's forward and its records); the
+machine runs once per split, per leaf and per recomputation of a one-slot segment.
 
 Integers are int32; binomials saturate at ``2**24`` (the step count must stay below that).
 """
 
 from __future__ import annotations
 
-import functools
+from typing import NamedTuple
 
 import jax.numpy as jnp
-import numpy as np
 from jax import lax, tree_util
 
-from ._plan import ADVANCE, RECORD, RESTORE, STORE
-
-NOP = 4
-CAP = 1 << 24
-# Task kinds on the stack.
-T_SEGMENT, T_FREE = 0, 1
-# Phases.
-P_POP, P_TASK, P_STORE, P_S1, P_DONE = 0, 1, 2, 3, 4
+from ._binomial import largest_split
 
 i32 = jnp.int32
 
+MOVE, LEAF, DONE = 0, 1, 2
+# Task kinds on the stack: reverse a segment; release a slot (always directly above a segment).
+T_SEGMENT, T_FREE = 0, 1
+# Phases: the trailing leaf, take a task, work on it, recompute a one-slot segment step by step,
+# record the last step of a split whose right part is one step, done.
+P_TRAIL, P_POP, P_TASK, P_S1, P_LAST, P_DONE = 0, 1, 2, 3, 4, 5
+# Leaf slot kinds: the task's own slot, then free slots; or a window of held slots.
+L_FREE, L_HELD = 0, 1
 
-def _next_beta(b, s, q, minimum=jnp.minimum):
-    """beta(s, q) from beta(s, q - 1) = b, exactly, saturating at CAP (``minimum=min`` for
-    Python integers)."""
-    b = minimum(b, CAP)
-    return minimum((b // q) * (s + q) + ((b % q) * (s + q)) // q, CAP)
-
-
-def repetition(n, s):
-    """r(n, s): the smallest r with beta(s, r) >= n; and beta(s, r)."""
-
-    def cond(st):
-        r, b = st
-        return b < n
-
-    def body(st):
-        r, b = st
-        r = r + 1
-        return r, _next_beta(b, s, r)
-
-    return lax.while_loop(cond, body, (i32(0), i32(1)))
+# The scalar registers travel packed in one int32 vector: a loop carrying the machine copies and
+# selects one small array per step instead of a dozen scalars (each its own XLA thunk).
+REGISTERS = ("a", "b", "s", "slot_a", "at_hand", "k", "adv", "phase", "sp", "fp", "lkind",
+             "lbase")
+_FLAGS = ("at_hand", "adv")
 
 
-@functools.cache
-def _beta_table(s_max: int, r_max: int):
-    """``beta(s, r)`` for ``s = 0 .. s_max`` (rows) and ``r = 0 .. r_max`` (columns), by the same
-    saturating recurrence as the loop (built at trace time, in NumPy)."""
-    table = np.ones((s_max + 1, r_max + 1), np.int64)
-    for s in range(s_max + 1):
-        for r in range(1, r_max + 1):
-            table[s, r] = _next_beta(int(table[s, r - 1]), s, r, minimum=min)
-    table.flags.writeable = False
-    return table
+class Action(NamedTuple):
+    """One macro-action (int32 scalars); see the module docstring."""
+
+    kind: object
+    restore: object
+    start: object
+    stop: object
+    first: object  # LEAF: the first state to store and advance from
+    store: object  # MOVE: the slot to store into, or -1
+    fresh: object  # LEAF: whether u_{stop-1} is the state at hand (else it is in its slot)
 
 
-def _table_depth(s_max: int) -> int:
-    """How many repetition numbers the tables hold for slot counts up to ``s_max``: enough for
-    every segment of a run of 20000 steps with ``Online(s)``, ``s >= 4`` (few runs need more;
-    those fall back to the loops)."""
-    return 16 if s_max >= 8 else 48
-
-
-def split(n, s, s_max: int | None = None):
-    """In-graph :func:`retrograde.schedules._revolve.revolve_split` (returns j only).
-
-    With ``s_max`` (static, ``s <= s_max``): read off a trace-time table of ``beta(s, q)`` for
-    ``q`` up to ``_table_depth(s_max)``: every candidate ``q`` at once, no loop; the loops below
-    run only when the segment needs a larger ``q``."""
-    if s_max is None:
-        return _split_loop(n, s)
-    q_max = _table_depth(s_max)
-    table = jnp.asarray(_beta_table(s_max, q_max + 1).astype(np.int32))
-    row = lax.dynamic_index_in_dim(table, jnp.clip(s, 0, s_max), 0, keepdims=False)
-    row1 = lax.dynamic_index_in_dim(table, jnp.clip(s - 1, 0, s_max), 0, keepdims=False)
-    q = jnp.arange(q_max + 1, dtype=i32)
-    b_q = row[: q_max + 1]  # beta(s, q)
-    b_prev = jnp.concatenate([jnp.zeros((1,), i32), row[:q_max]])  # beta(s, q - 1)
-    b_right = row1[1:]  # beta(s - 1, q + 1)
-    r = jnp.sum(b_q < n, dtype=i32)  # r(n, s), when <= q_max
-    lo = jnp.maximum(jnp.maximum(1, b_prev), n - b_right)
-    ok = (q >= jnp.maximum(r - 1, 0)) & (lo <= jnp.minimum(n - 1, b_q - 1))
-    j = jnp.sum(jnp.where(q == jnp.argmax(ok), lo, 0), dtype=i32)
-    return lax.cond(jnp.any(ok) & (r <= q_max), lambda: j, lambda: _split_loop(n, s))
-
-
-def _split_loop(n, s):
-    r, _ = repetition(n, s)
-    q0 = jnp.maximum(r - 1, 0)
-
-    # beta(s, q0 - 1), beta(s, q0), beta(s - 1, q0 + 1) by running the recurrences from 0.
-    def init_body(q, st):
-        bp, bq, br = st
-        qq = q + 1
-        return bq, _next_beta(bq, s, qq), _next_beta(br, s - 1, qq + 1)
-
-    # At q = 0: beta(s, -1) = 0, beta(s, 0) = 1, beta(s - 1, 1) = s.
-    bp, bq, br = lax.fori_loop(0, q0, init_body, (i32(0), i32(1), jnp.minimum(s, CAP)))
-
-    def cond(st):
-        q, bp, bq, br = st
-        lo = jnp.maximum(jnp.maximum(1, bp), n - br)
-        return lo > jnp.minimum(n - 1, bq - 1)
-
-    def body(st):
-        q, bp, bq, br = st
-        q = q + 1
-        return q, bq, _next_beta(bq, s, q), _next_beta(br, s - 1, q + 1)
-
-    q, bp, bq, br = lax.while_loop(cond, body, (q0, bp, bq, br))
-    return jnp.maximum(jnp.maximum(1, bp), n - br)
-
-
-def init_state(n_slots: int, segments_start, segment_slots, n_segments, n_steps, first_at_hand):
-    """Machine state for reversing ``[p_0, p_1), ..., [p_{m-1}, n_steps)``.
+def init(n_slots: int, steps, slots, n_held, n_steps, at_hand: bool):
+    """The machine reversing ``n_steps`` steps from held snapshots.
 
     Args:
-        n_slots: total slots ``S`` (static).
-        segments_start: int32[S], the held snapshot steps ``p_i`` (sorted; first ``m`` valid).
-        segment_slots: int32[S], the slot holding ``p_i``.
-        n_segments: ``m`` (traced int).
-        n_steps: ``N`` (traced int).
-        first_at_hand: whether ``u_{p_{m-1}}`` is already the current state.
+        n_slots: the schedule's slots ``S`` (static).
+        steps: int32[S], the held steps, ascending (the first ``n_held`` valid).
+        slots: int32[S], the slot holding each held step.
+        n_held: the number of held snapshots ``m`` (traced).
+        n_steps: ``N`` (traced).
+        at_hand: whether the state at hand is ``u_{N-1}`` (after a forward sweep that stopped
+            there), else nothing is at hand.
     """
     depth = 2 * n_slots + 4
-    stack = jnp.zeros((depth, 4), i32)  # kind, a, b, slot
     idx = jnp.arange(n_slots, dtype=i32)
-    ends = jnp.where(idx + 1 < n_segments, jnp.roll(segments_start, -1), n_steps)
-    # Stack bottom-up: seg_0, free(p_1), seg_1, free(p_2), ..., seg_{m-1} (popped first).
-    # Entry 2i is segment i, entry 2i - 1 frees p_i (i >= 1).
-    seg_rows = jnp.stack(
-        [jnp.full_like(idx, T_SEGMENT), segments_start, ends, segment_slots], axis=1
-    )
-    free_rows = jnp.stack(
-        [jnp.full_like(idx, T_FREE), segments_start, segments_start, segment_slots], axis=1
-    )
-    valid = idx < n_segments
-    stack = stack.at[2 * idx].set(jnp.where(valid[:, None], seg_rows, 0))
-    stack = stack.at[jnp.maximum(2 * idx - 1, 0)].set(
-        jnp.where(((idx >= 1) & valid)[:, None], free_rows, stack[jnp.maximum(2 * idx - 1, 0)])
-    )
-    # Free slots: those not holding a segment start.
-    used = jnp.zeros((n_slots,), bool).at[jnp.where(valid, segment_slots, n_slots)].set(
-        True, mode="drop"
-    )
-    order = jnp.argsort(used, stable=True)  # unused first
-    n_free = n_slots - n_segments
-    free = jnp.where(jnp.arange(n_slots) < n_free, order, 0).astype(i32)
+    valid = idx < n_held
+    # The trailing leaf: u_{N-1} at hand, then held steps down to N - T, one per slot (steps - idx
+    # is constant along a run of consecutive steps).
+    hand = jnp.asarray(n_steps > 0).astype(i32) if at_hand else i32(0)
+    tail = jnp.sum(valid & (steps - idx == n_steps - hand - n_held), dtype=i32)
+    trail = tail + hand
+    n_seg = n_held - tail  # segments left for the stack
+    last_end = n_steps - trail
+    ends = jnp.where(idx + 1 < n_seg, jnp.roll(steps, -1), last_end)
+    seg_rows = jnp.stack([jnp.full_like(idx, T_SEGMENT), steps, ends, slots], axis=1)
+    free_rows = jnp.stack([jnp.full_like(idx, T_FREE), steps, steps, slots], axis=1)
+    # Stack bottom-up: seg_0, free(p_1), seg_1, free(p_2), ..., seg_{n_seg-1} (popped first).
+    stack = jnp.zeros((depth, 4), i32)
+    is_seg = idx < n_seg
+    stack = stack.at[2 * idx].set(jnp.where(is_seg[:, None], seg_rows, 0), mode="drop")
+    rel = (idx >= 1) & is_seg
+    stack = stack.at[jnp.where(rel, 2 * idx - 1, depth)].set(free_rows, mode="drop")
+    # Free slots: every slot but those of the stacked segments.
+    used = jnp.zeros((n_slots,), bool).at[jnp.where(is_seg, slots, n_slots)].set(True,
+                                                                                  mode="drop")
+    order = jnp.argsort(used, stable=True).astype(i32)  # unused first
+    n_free = n_slots - n_seg
+    free = jnp.where(jnp.arange(n_slots, dtype=i32) < n_free, order, 0)
     regs = dict(
-        a=i32(0), b=i32(0), s=i32(1), slot_a=i32(0), at_hand=jnp.bool_(False), k=i32(0),
-        adv=jnp.bool_(False), m=i32(0),
-        phase=i32(P_POP), sp=(2 * n_segments - 2).astype(i32),
-        stack=stack, free=free, fp=n_free.astype(i32),
-        first=jnp.asarray(first_at_hand, bool),
+        a=last_end, b=n_steps, s=i32(1), slot_a=i32(0), at_hand=False, adv=False,
+        phase=jnp.where(trail > 0, P_TRAIL, P_POP), sp=2 * n_seg - 2, fp=n_free,
+        lkind=i32(L_HELD), lbase=n_seg, k=hand,
     )
-    return _pack(regs)
+    return _pack(regs, stack=stack, free=free, held=slots)
 
 
-# The scalar registers travel packed in one int32 vector: a loop carrying the machine then copies
-# and selects one small array per action instead of a dozen scalars (each its own XLA thunk).
-REGISTERS = ("a", "b", "s", "slot_a", "at_hand", "k", "adv", "m", "phase", "sp", "fp", "first")
-_FLAGS = ("at_hand", "adv", "first")
-
-
-def _pack(st):
-    regs = jnp.stack([jnp.asarray(st[k]).astype(i32) for k in REGISTERS])
-    return dict(regs=regs, stack=st["stack"], free=st["free"])
+def _pack(regs, **arrays):
+    packed = jnp.stack([jnp.asarray(regs[k]).astype(i32) for k in REGISTERS])
+    return dict(arrays, regs=packed)
 
 
 def _unpack(st):
     regs = {k: st["regs"][i] for i, k in enumerate(REGISTERS)}
     regs.update({k: regs[k] != 0 for k in _FLAGS})
-    return dict(regs, stack=st["stack"], free=st["free"])
+    return regs
 
 
-def phase(st):
-    """The machine's phase (``P_DONE`` once the reversal is complete)."""
-    return st["regs"][REGISTERS.index("phase")]
+def done(st):
+    """Whether the reversal is complete."""
+    return st["regs"][REGISTERS.index("phase")] == P_DONE
+
+
+def leaf_slots(st):
+    """int32[S + 1]: the slot of each state of the leaf just emitted (entry ``i`` holds
+    ``u_{start + i}``; the last state's entry is unused when it is at hand)."""
+    r = _unpack(st)
+    i = jnp.arange(st["free"].shape[0] + 1, dtype=i32)
+    own = jnp.where(i == 0, r["slot_a"], _take(st["free"], r["fp"] - i))
+    held = _take(st["held"], r["lbase"] + i)
+    return jnp.where(r["lkind"] == L_HELD, held, own)
+
+
+def _action(kind, restore=-1, start=0, stop=0, first=0, store=-1, fresh=False):
+    return Action(*(jnp.asarray(v).astype(i32) for v in (kind, restore, start, stop, first, store,
+                                                          fresh)))
 
 
 def step(st):
-    """Emit one action. Returns ``(new_state, (op, a, b))``; ``op = NOP`` when nothing to do.
+    """Emit the next action. Returns ``(new_state, action)``."""
+    r = _unpack(st)
+    stack, free = st["stack"], st["free"]
+    phase = r["phase"]
+    top = _read(stack, r["sp"])
+    below = _read(stack, r["sp"] - 1)
+    top_frees = (r["sp"] >= 0) & (top[0] == T_FREE)
 
-    ``(RECORD, a, b)`` records step ``a`` from the state at hand (``b == 0``) or from slot
-    ``b - 1`` (a restore and a record in one action)."""
-    st, action = _step(_unpack(st))
-    return _pack(st), action
+    # Take the next task off the stack (a slot release is popped with the segment under it and
+    # returns its slot to the free list, where a split in the same step may take it again).
+    task = jnp.where(top_frees, below, top)
+    fp_pop = r["fp"] + top_frees.astype(i32)
+    popped = dict(
+        r, a=task[1], b=task[2], slot_a=task[3], s=fp_pop + 1, at_hand=False, fp=fp_pop,
+        sp=r["sp"] - 1 - top_frees.astype(i32),
+        phase=jnp.where(r["sp"] < 0, P_DONE, P_TASK),
+    )
+    popping = phase == P_POP
+    regs = _select(popping, popped, r)
+    free = _write(free, r["fp"], top[3], popping & top_frees)
+
+    task_out, splits = _task(regs, free)
+    new, action = dict(regs, phase=i32(P_DONE)), _action(DONE)
+    for k, out in ((P_TRAIL, _trail(regs)), (P_TASK, task_out), (P_S1, _s1(regs)),
+                   (P_LAST, _last(regs))):
+        new, action = _select(regs["phase"] == k, out, (new, action))
+    # A split pushes its left part and the release of the right part's slot.
+    pushed = (regs["phase"] == P_TASK) & splits
+    stack = _write(stack, regs["sp"] + 1,
+                   jnp.stack([i32(T_SEGMENT), regs["a"], action.stop, regs["slot_a"]]), pushed)
+    stack = _write(stack, regs["sp"] + 2,
+                   jnp.stack([i32(T_FREE), action.stop, action.stop, action.store]), pushed)
+    return _pack(new, stack=stack, free=free, held=st["held"]), action
 
 
-def _step(st):
-    phase = st["phase"]
-    top = _read(st["stack"], st["sp"])  # the task ``pop`` takes
-    below = _read(st["stack"], st["sp"] - 1)  # the segment under a slot release
-    top_frees = (st["sp"] >= 0) & (top[0] == T_FREE)  # ``pop`` returns a slot to the pool
-    last_free = _read(st["free"], st["fp"] - 1)  # the slot ``store`` takes
-    store_last = st["m"] == st["b"] - 1  # ``store``'s right part is one step: nothing pushed
+def _trail(r):
+    """The run of one-step segments that ends the loop: every state held or at hand (``k``);
+    record them all."""
+    new = dict(r, phase=i32(P_POP), lkind=i32(L_HELD), k=i32(0))
+    return new, _action(LEAF, start=r["a"], stop=r["b"], first=r["b"] - 1, fresh=r["k"])
 
-    def pop(st):
-        """The registers after taking the next task off the stack (no action of its own)."""
-        # A slot release is always directly above a segment task (both are pushed together, and
-        # ``init_state`` lays them so): the release and that segment are popped in one step.
-        sp = st["sp"]
-        done = sp < 0
-        task = jnp.where(top_frees, below, top)
-        kind, a, b, slot = task[0], task[1], task[2], task[3]
-        # A freed slot goes back to the pool (written by ``step``).
-        fp = st["fp"] + top_frees.astype(i32)
-        # A segment task takes every free slot plus its own.
-        seg = (kind == T_SEGMENT) & ~done & (~top_frees | (sp >= 1))
-        sp = sp - jnp.where(done, 0, jnp.where(top_frees, 2, 1))
-        at_hand = st["first"]
-        new = dict(
-            st, fp=fp, sp=sp,
-            phase=jnp.where(seg, P_TASK, jnp.where(sp < 0, P_DONE, P_POP)).astype(i32),
-            a=jnp.where(seg, a, st["a"]), b=jnp.where(seg, b, st["b"]),
-            slot_a=jnp.where(seg, slot, st["slot_a"]),
-            s=jnp.where(seg, fp + 1, st["s"]),
-            at_hand=jnp.where(seg, at_hand, st["at_hand"]),
-            first=jnp.where(seg, False, st["first"]),
-        )
-        return new
 
-    def task(st):
-        a, b, s = st["a"], st["b"], st["s"]
-        n = b - a
-        at_hand = st["at_hand"]
-        restore = ~at_hand
-        one = n == 1
-        s1 = (s == 1) & ~one
-        trivial = restore | one | s1 | (st["phase"] != P_TASK)
-        s_max = st["free"].shape[0] + 1  # a task holds at most every slot, plus one
-        j = lax.cond(trivial, lambda: i32(1), lambda: split(n, jnp.maximum(s, 2), s_max))
-        m = a + j
-        # A one-step task whose state is in a slot records it from there in one action
-        # (RECORD with b = slot + 1) instead of a RESTORE followed by a RECORD.
-        restore = restore & ~one
-        op = jnp.where(
-            restore & ~s1, RESTORE, jnp.where(one, RECORD, jnp.where(s1, NOP, ADVANCE))
-        )
-        from_slot = jnp.where(at_hand, 0, st["slot_a"] + 1)
-        arg_b = jnp.where(
-            op == RESTORE, st["slot_a"],
-            jnp.where(op == ADVANCE, m, jnp.where(op == RECORD, from_slot, 0)),
-        )
-        phase = jnp.where(
-            restore & ~s1, P_TASK,
-            jnp.where(one, P_POP, jnp.where(s1, P_S1, P_STORE)),
-        )
-        new = dict(
-            st, phase=phase.astype(i32), at_hand=at_hand | (restore & ~s1), m=m,
-            k=jnp.where(s1, b - 1, st["k"]), adv=jnp.bool_(False),
-        )
-        return new, (op.astype(i32), a, arg_b.astype(i32))
+def _task(r, free):
+    a, b, s, slot_a, at_hand = r["a"], r["b"], r["s"], r["slot_a"], r["at_hand"]
+    n = b - a
+    restore = jnp.where(at_hand, -1, slot_a)
+    leafy = n <= s + 1  # Revolve stores every state: a leaf (one step included)
+    one_slot = (s == 1) & ~leafy
+    trivial = leafy | one_slot | (r["phase"] != P_TASK)
+    s_max = free.shape[0] + 1  # a task holds at most every slot plus its own
+    j = lax.cond(trivial, lambda: i32(1), lambda: largest_split(n, jnp.maximum(s, 2), s_max))
+    m = a + j
+    last = m == b - 1  # the right part is one step: advance, then record it (no snapshot)
+    new_slot = _read(free, r["fp"] - 1)
+    splits = ~leafy & ~one_slot & ~last
+    # A one-step leaf whose state is in its slot records from there (no restore).
+    leaf = _action(LEAF, restore=jnp.where(n == 1, -1, restore), start=a, stop=b, first=a,
+                   fresh=(n > 1) | at_hand)
+    move = _action(MOVE, restore=restore, start=a, stop=jnp.where(one_slot, b - 1, m),
+                   store=jnp.where(splits, new_slot, -1))
+    new = dict(
+        r,
+        phase=jnp.where(leafy, P_POP, jnp.where(one_slot, P_S1, jnp.where(last, P_LAST, P_TASK))),
+        k=jnp.where(one_slot, b - 1, jnp.where(last, m, r["k"])),
+        adv=one_slot,
+        at_hand=splits,
+        a=jnp.where(splits, m, a),
+        s=jnp.where(splits, s - 1, s),
+        slot_a=jnp.where(splits, new_slot, slot_a),
+        fp=jnp.where(splits, r["fp"] - 1, r["fp"]),
+        sp=jnp.where(splits, r["sp"] + 2, r["sp"]),
+        lkind=i32(L_FREE),
+    )
+    return (new, _select(leafy, leaf, move)), splits
 
-    def store(st):
-        # The right part is one step: record it without a snapshot (as the Python generator).
-        return _select(store_last, record_last(st), store_new(st))
 
-    def record_last(st):
-        new = dict(st, b=st["m"], at_hand=jnp.bool_(False), phase=i32(P_TASK))
-        return new, (i32(RECORD), st["m"], i32(0))
+def _s1(r):
+    """A segment with one slot: for k = b - 1 down to a, restore, advance to k, record k."""
+    a, k = r["a"], r["k"]
+    move = _action(MOVE, restore=jnp.where(r["at_hand"], -1, r["slot_a"]), start=a, stop=k)
+    leaf = _action(LEAF, start=k, stop=k + 1, first=k, fresh=True)
+    recorded = r["adv"]
+    new = dict(
+        r, at_hand=False, adv=~recorded, k=jnp.where(recorded, k - 1, k),
+        phase=jnp.where(recorded & (k - 1 < a), P_POP, P_S1), lkind=i32(L_FREE),
+    )
+    return new, _select(recorded, leaf, move)
 
-    def store_new(st):
-        slot = last_free
-        fp = st["fp"] - 1
-        sp = st["sp"]
-        # Pushes the right part and the release of its slot (written by ``step``); the left part
-        # is pushed with at_hand False (first=False at pop time).
-        new = dict(
-            st, fp=fp, sp=sp + 2, a=st["m"], s=st["s"] - 1, slot_a=slot,
-            at_hand=jnp.bool_(True), phase=i32(P_TASK),
-        )
-        return new, (i32(STORE), st["m"], slot)
 
-    def s1(st):
-        a, k = st["a"], st["k"]
-        at_hand, adv = st["at_hand"], st["adv"]
-        restore = ~at_hand & ~adv
-        advance = ~restore & ~adv & (k > a)
-        record = ~restore & ~advance
-        op = jnp.where(restore, RESTORE, jnp.where(advance, ADVANCE, RECORD))
-        arg_a = jnp.where(record, k, a)
-        arg_b = jnp.where(restore, st["slot_a"], jnp.where(advance, k, 0))
-        k_next = jnp.where(record, k - 1, k)
-        new = dict(
-            st,
-            at_hand=jnp.where(restore, True, jnp.where(record, False, at_hand)),
-            adv=jnp.where(advance, True, jnp.where(record, False, adv)),
-            k=k_next,
-            phase=jnp.where(record & (k_next < a), P_POP, P_S1).astype(i32),
-        )
-        return new, (op.astype(i32), arg_a, arg_b.astype(i32))
-
-    def done(st):
-        return st, (i32(NOP), i32(0), i32(0))
-
-    # Every phase is evaluated and the results selected, without a conditional: the machine runs
-    # once per action, and a conditional would copy the whole state out of its branch each time.
-    # (Only ``task``'s ``split`` loop runs under a cond, and only in its own phase.)
-    # The stack and the free list are not selected (a full copy per action) but written in place,
-    # at one guarded index each: the slot that ``pop`` frees, the two rows ``store`` pushes.
-    # A pop emits nothing of its own: the segment it takes is started in the same step (the
-    # action phases then run from the popped registers).
-    regs = {k: v for k, v in st.items() if k not in ("stack", "free")}
-    popped = pop(st)
-    regs = _select(phase == P_POP, {k: popped[k] for k in regs}, regs)
-    start = dict(regs, stack=st["stack"], free=st["free"])
-    out = done(regs)
-    for k, phase_fn in ((P_S1, s1), (P_STORE, store), (P_TASK, task)):
-        new, action = phase_fn(start)
-        out = _select(regs["phase"] == k, ({k2: new[k2] for k2 in regs}, action), out)
-    regs, action = out
-    sp, fp = st["sp"], st["fp"]
-    free = _write(st["free"], fp, top[3], (phase == P_POP) & top_frees)
-    pushed = (phase == P_STORE) & ~store_last
-    stack = _write(st["stack"], sp + 1,
-                   jnp.stack([i32(T_SEGMENT), st["a"], st["m"], st["slot_a"]]), pushed)
-    stack = _write(stack, sp + 2, jnp.stack([i32(T_FREE), st["m"], st["m"], last_free]), pushed)
-    return dict(regs, stack=stack, free=free), action
+def _last(r):
+    """Record the one-step right part of a split, then go on with the left part."""
+    k = r["k"]
+    new = dict(r, b=k, at_hand=False, phase=i32(P_TASK), lkind=i32(L_FREE))
+    return new, _action(LEAF, start=k, stop=k + 1, first=k, fresh=True)
 
 
 def _read(x, i):
     """``x[i]`` with ``i`` clamped into range."""
     return lax.dynamic_index_in_dim(x, jnp.clip(i, 0, x.shape[0] - 1), 0, keepdims=False)
+
+
+def _take(x, i):
+    """``x[i]`` for an index vector ``i``, clamped into range."""
+    return x[jnp.clip(i, 0, x.shape[0] - 1)]
 
 
 def _write(x, i, v, pred):

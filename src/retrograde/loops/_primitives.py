@@ -1,23 +1,27 @@
 """Three primitives whose rules close under every JAX transformation.
 
-Notation (``../shared/design/derivatives.md``): ``z = (consts, carry_0, xs)`` are the inputs of a
-loop with body ``P``, ``F(z) = (carry_N, ys)`` its outputs, ``J = dF/dz``, and ``ck`` the
-snapshots laid by the forward sweep (a cache: a function of ``z``, so no derivative flows through
-it).
+Notation (``docs/derivatives.md``): ``z = (consts, carry_0, xs)`` are the inputs of a loop with
+body ``P``, ``F(z) = (carry_N, ys)`` its outputs, ``J = dF/dz``, and ``snaps`` the snapshots laid
+by the forward sweep (a cache: a function of ``z``, so no derivative flows through it).
 
 ================  =====================================================  ===================
 primitive         computes                                               linear in
 ================  =====================================================  ===================
-``fwd_p``         ``F(z)`` (and ``ck`` when ``save``)                    -
+``fwd_p``         ``F(z)`` (and ``snaps`` when ``save``)                 -
 ``tan_p``         ``J(z) z_dot``: the forward loop of ``jvp(P)``         ``z_dot``
 ``adj_p``         ``J(z)^T w``: the schedule's reverse sweep             ``w``
 ================  =====================================================  ===================
 
+Each primitive's inputs come in named groups (:class:`FwdArgs`, :class:`TanArgs`,
+:class:`AdjArgs`), split and flattened in one place. The static :class:`Extent` says how many
+steps the loop takes: ``length`` when known when tracing; otherwise the count is the ``steps``
+group (a while loop, :mod:`._while`), whose snapshots were placed online and carry their steps.
+
 Rules:
 
-- JVP of ``fwd_p``: ``fwd_p`` with ``save=True`` and ``tan_p(z, ck; z_dot)``.
-- Transpose of ``tan_p`` in ``z_dot``: ``adj_p(z, ck; ct)``.
-- Transpose of ``adj_p`` in ``w``: ``tan_p(z, ck; ct)``.
+- JVP of ``fwd_p``: ``fwd_p`` with ``save=True`` and ``tan_p(z, snaps; z_dot)``.
+- Transpose of ``tan_p`` in ``z_dot``: ``adj_p(z, snaps; ct)``.
+- Transpose of ``adj_p`` in ``w``: ``tan_p(z, snaps; ct)``.
 - JVP of ``tan_p``: ``tan_p`` of the body ``jvp(P)`` (the tangent-of-tangent part).
 - JVP of ``adj_p``: ``J^T w_dot + Hess<w, F> z_dot``, which is the ``z``-half of
   ``adj_p`` on ``jvp(P)`` with cotangent ``(w_dot, w)``.
@@ -26,11 +30,14 @@ Rules:
   is the same JVP-of-adjoint again) and ``w_dot_bar = J_Q ct`` (a ``tan_p``). No reverse sweep is
   ever transposed, so every order runs in memory bounded by the schedule: the snapshots of a
   ``k``-times augmented body hold ``2^k`` copies of the carry.
-- Batching: the body is vmapped; every input is given the batch axis (axis 0, or axis 1 for
-  arrays whose leading axis is time or the snapshot slot).
+- Batching appends a level: the primitive's program runs under ``jax.vmap`` (:mod:`._levels`),
+  and the JVP and transpose of a batched primitive are the ``vmap`` of the unbatched rules.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
 
 import jax.numpy as jnp
 from jax._src import core, dispatch
@@ -38,9 +45,11 @@ from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
 from jax.extend.core import Primitive
 
-from ._body import Body, batch_body, is_float, jvp_body, split
+from ..schedules import Schedule
+from . import _levels
+from ._body import Body, cut, is_float, jvp_body
 from ._execute import adjoint, adjoint_while, advance_steps, forward
-from ._plan import compile_plan
+from ._tables import tables_for
 
 fwd_p = Primitive("retrograde_forward")
 tan_p = Primitive("retrograde_tangent")
@@ -50,6 +59,149 @@ for _p in (fwd_p, tan_p, adj_p):
     _p.def_impl(lambda *args, _p=_p, **params: dispatch.apply_primitive(_p, *args, **params))
 
 
+# ----------------------------------------------------------------------------- static parameters
+
+
+@dataclasses.dataclass(frozen=True)
+class Extent:
+    """The steps a loop takes and the schedule that reverses them.
+
+    ``length`` is the step count when it is known when tracing (``scan``, ``fori_loop``: an
+    offline schedule); ``None`` for a while loop, whose count is a run-time input (the ``steps``
+    group), at most ``max_steps`` if given, and whose snapshots, placed online by ``schedule``
+    (``Online(s)``), carry the int32 steps they hold. ``unroll`` is the forward sweep's unroll
+    factor (a performance hint).
+    """
+
+    length: int | None
+    schedule: Schedule
+    unroll: int = 1
+    max_steps: int | None = None
+
+    @property
+    def dynamic(self) -> bool:
+        return self.length is None
+
+    @property
+    def n_steps_inputs(self) -> int:
+        return 1 if self.dynamic else 0
+
+    @property
+    def n_slots(self) -> int:
+        """Snapshot slots."""
+        if self.dynamic:
+            return self.schedule.snapshots
+        return tables_for(self.schedule, self.length).n_slots
+
+    def tables(self):
+        return tables_for(self.schedule, self.length)
+
+    def snapshot_avals(self, body: Body) -> list:
+        """The snapshots: ``S`` rows of each stored carry leaf, then the stored leaves of
+        ``u_{N-1}`` (known count) or the int32 held steps (run-time count)."""
+        rows = [_timed(a, self.n_slots) for a in body.snapshot_avals]
+        if self.dynamic:
+            return rows + [core.ShapedArray((self.n_slots,), jnp.int32)]
+        return rows + list(body.snapshot_avals)
+
+    def n_snapshots(self, body: Body) -> int:
+        return sum(body.stored) + (1 if self.dynamic else sum(body.stored))
+
+
+# ----------------------------------------------------------------------------- input groups
+
+
+def _groups(cls, args, sizes):
+    parts = cut(args, sizes)
+    assert sum(sizes) == len(args), (cls.__name__, sizes, len(args))
+    return cls(*parts)
+
+
+def _flat(groups) -> list:
+    return [v for g in groups for v in g]
+
+
+class FwdArgs(NamedTuple):
+    """Inputs of ``fwd_p``: the loop's inputs."""
+
+    consts: list
+    carry: list
+    xs: list
+
+    @classmethod
+    def of(cls, args, body: Body):
+        return _groups(cls, args, [body.nc, body.nk, body.nx])
+
+
+class TanArgs(NamedTuple):
+    """Inputs of ``tan_p``: the run-time step count (while loops), the loop's inputs, the
+    forward sweep's snapshots (or none), and the tangents of the inputs selected by ``masks``."""
+
+    steps: list
+    consts: list
+    carry: list
+    xs: list
+    snaps: list
+    dconsts: list
+    dcarry: list
+    dxs: list
+
+    @classmethod
+    def of(cls, args, body: Body, extent: Extent, has_snaps: bool, masks):
+        mc, mk, mx = masks
+        return _groups(cls, args, [
+            extent.n_steps_inputs, body.nc, body.nk, body.nx,
+            extent.n_snapshots(body) if has_snaps else 0, sum(mc), sum(mk), sum(mx),
+        ])
+
+    @property
+    def z(self):
+        return self.consts, self.carry, self.xs
+
+    @property
+    def dz(self):
+        return self.dconsts, self.dcarry, self.dxs
+
+
+class AdjArgs(NamedTuple):
+    """Inputs of ``adj_p``: the run-time step count (while loops), the loop's inputs, the
+    forward sweep's snapshots (or none), the cotangent of every float carry leaf and those of the
+    float ``ys`` leaves selected by ``ymask``."""
+
+    steps: list
+    consts: list
+    carry: list
+    xs: list
+    snaps: list
+    carry_bar: list
+    ys_bar: list
+
+    @classmethod
+    def of(cls, args, body: Body, extent: Extent, has_snaps: bool, ymask):
+        return _groups(cls, args, [
+            extent.n_steps_inputs, body.nc, body.nk, body.nx,
+            extent.n_snapshots(body) if has_snaps else 0, _n_float(body.carry_avals), sum(ymask),
+        ])
+
+    @property
+    def z(self):
+        return self.consts, self.carry, self.xs
+
+
+class AdjOuts(NamedTuple):
+    """Outputs of ``adj_p``: cotangents of the float consts and xs leaves selected by ``keep``,
+    and of every float carry leaf."""
+
+    consts: list
+    carry: list
+    xs: list
+
+    @classmethod
+    def of(cls, outs, body: Body, keep):
+        cmask, xmask = keep
+        return _groups(cls, outs, [sum(cmask), _n_float(body.carry_avals), sum(xmask)])
+
+
 # ----------------------------------------------------------------------------- helpers
 
 
@@ -57,8 +209,8 @@ def _timed(aval, n):
     return core.ShapedArray((n,) + tuple(aval.shape), aval.dtype)
 
 
-def _floats(avals):
-    return [is_float(a) for a in avals]
+def _n_float(avals) -> int:
+    return sum(is_float(a) for a in avals)
 
 
 def _nz(t) -> bool:
@@ -83,135 +235,149 @@ def _pick(mask, values):
     return [v for v, m in zip(values, mask) if m]
 
 
-def _ck_avals(body: Body, n_slots: int, dynamic: bool = False):
-    slots = [_timed(a, n_slots) for a in body.snapshot_avals]
-    if dynamic:
-        return slots + [core.ShapedArray((n_slots,), jnp.int32)]
-    return slots + list(body.carry_avals)
-
-
 def _undef(x) -> bool:
     return ad.is_undefined_primal(x)
+
+
+def _full_from_floats(values, avals):
+    it = iter(values)
+    return [next(it) if is_float(a) else _zero(a) for a in avals]
+
+
+def _floats_of(values, avals):
+    return [v for v, a in zip(values, avals) if is_float(a)]
+
+
+def _ys_avals(body, length):
+    return [_timed(a, length) for a in body.y_avals]
+
+
+def _xs_avals(body, length):
+    return [_timed(a, length) for a in body.x_avals]
 
 
 # ----------------------------------------------------------------------------- abstract eval
 
 
-def _fwd_abstract(*args, body, length, schedule, save):
-    outs = list(body.carry_avals) + [_timed(a, length) for a in body.y_avals]
-    if save:
-        outs += _ck_avals(body, compile_plan(schedule, length).n_slots)
-    return outs, body.effects
+def _fwd_outs(body, extent, save):
+    outs = list(body.carry_avals) + _ys_avals(body, extent.length)
+    return outs + (extent.snapshot_avals(body) if save else [])
 
 
-def _tan_abstract(*args, body, length, schedule, has_ck, masks):
+def _tan_outs(body, extent, masks):
     mc, mk, mx = masks
-    child, _, my = jvp_body(body, mc, mk, mx)
+    _, _, my = jvp_body(body, mc, mk, mx)
     outs = [a.to_tangent_aval() for a, m in zip(body.carry_avals, mk) if m]
-    outs += [_timed(a.to_tangent_aval(), length) for a, m in zip(body.y_avals, my) if m]
-    return outs, child.effects
+    return outs + [_timed(a.to_tangent_aval(), extent.length)
+                   for a, m in zip(body.y_avals, my) if m]
 
 
-def _adj_abstract(*args, body, length, schedule, has_ck, ymask, keep):
+def _adj_outs(body, extent, keep):
     cmask, xmask = keep
-    outs = _pick(cmask, [a for a in body.const_avals if is_float(a)])
-    outs += [a for a in body.carry_avals if is_float(a)]
-    outs += _pick(xmask, [_timed(a, length) for a in body.x_avals if is_float(a)])
-    return outs, body.effects
+    outs = _pick(cmask, _floats_of(body.const_avals, body.const_avals))
+    outs += _floats_of(body.carry_avals, body.carry_avals)
+    if extent.dynamic:
+        return outs
+    xs = _xs_avals(body, extent.length)
+    return outs + _pick(xmask, _floats_of(xs, body.x_avals))
 
 
-fwd_p.def_effectful_abstract_eval(_fwd_abstract)
-tan_p.def_effectful_abstract_eval(_tan_abstract)
-adj_p.def_effectful_abstract_eval(_adj_abstract)
+def _abstract(outs_fn):
+    def rule(*args, body, levels, **params):
+        return _levels.batched_avals(outs_fn(body, **params), levels), body.effects
+
+    return rule
+
+
+fwd_p.def_effectful_abstract_eval(
+    _abstract(lambda body, extent, save: _fwd_outs(body, extent, save)))
+tan_p.def_effectful_abstract_eval(
+    lambda *a, body, extent, has_snaps, masks, levels: (
+        _levels.batched_avals(_tan_outs(body, extent, masks), levels),
+        jvp_body(body, *masks)[0].effects,
+    ))
+adj_p.def_effectful_abstract_eval(
+    _abstract(lambda body, extent, has_snaps, ymask, keep: _adj_outs(body, extent, keep)))
 
 
 # ----------------------------------------------------------------------------- lowering
 
 
-def _ck_size(body, has_ck, length):
-    """Number of snapshot inputs: (slots, u_{N-1}) for a known length, (slots, held) otherwise."""
-    if not has_ck:
-        return 0
-    return sum(body.stored) + (body.nk if length is not None else 1)
+def _fwd_impl(args, body, extent, save, axes):
+    a = FwdArgs.of(args, body)
+    tables = extent.tables() if save else None
+    carry, ys, snaps = forward(body, extent.length, a.consts, a.carry, a.xs, tables,
+                               unroll=extent.unroll, batched=bool(axes))
+    return [*carry, *ys, *snaps]
 
 
-def _npre(length) -> int:
-    """A loop of unknown length takes its step count as a leading int32 input."""
-    return 0 if length is not None else 1
-
-
-def _n_slots(schedule, length) -> int:
-    return compile_plan(schedule, length).n_slots if length is not None else schedule.snapshots
-
-
-def _fwd_impl(*args, body, length, schedule, save):
-    c, k, x = split(args, [body.nc, body.nk, body.nx])
-    carry, ys, slots, cur = forward(body, compile_plan(schedule, length), c, k, x, save)
-    return [*carry, *ys, *slots, *cur]
-
-
-def _tan_impl(*args, body, length, schedule, has_ck, masks):
-    mc, mk, mx = masks
-    child, _, _ = jvp_body(body, mc, mk, mx)
-    pre, c, k, x, _, dc, dk, dx = split(
-        args,
-        [_npre(length), body.nc, body.nk, body.nx, _ck_size(body, has_ck, length), sum(mc),
-         sum(mk), sum(mx)],
-    )
-    if length is None:
-        carry = advance_steps(child, [*c, *dc], [*k, *dk], pre[0])
+def _tan_impl(args, body, extent, has_snaps, masks, axes):
+    a = TanArgs.of(args, body, extent, has_snaps, masks)
+    child, _, _ = jvp_body(body, *masks)
+    consts, carry = [*a.consts, *a.dconsts], [*a.carry, *a.dcarry]
+    if extent.dynamic:
+        carry = advance_steps(child, consts, carry, a.steps[0], batched=bool(axes))
         return carry[body.nk :]
-    plan = compile_plan(schedule, length)
-    carry, ys, _, _ = forward(child, plan, [*c, *dc], [*k, *dk], [*x, *dx], save=False)
+    carry, ys, _ = forward(child, extent.length, consts, carry, [*a.xs, *a.dxs], None,
+                           unroll=extent.unroll, batched=bool(axes))
     return [*carry[body.nk :], *ys[body.ny :]]
 
 
-def _adj_impl(*args, body, length, schedule, has_ck, ymask, keep):
-    nkf = sum(_floats(body.carry_avals))
-    pre, c, k, x, ckv, kbar, ybar = split(
-        args,
-        [_npre(length), body.nc, body.nk, body.nx, _ck_size(body, has_ck, length), nkf,
-         sum(ymask)],
-    )
-    ns = sum(body.stored)
-    ck = (ckv[:ns], ckv[ns:]) if has_ck else None
-    if length is None:
-        ck = (ckv[:ns], ckv[ns]) if has_ck else None
-        cbar, kbar0 = adjoint_while(body, schedule.snapshots, pre[0], c, k, ck, kbar, keep)
-        return [*cbar, *kbar0]
-    plan = compile_plan(schedule, length)
-    cbar, kbar0, xbar = adjoint(body, plan, c, k, x, ck, kbar, ybar, ymask, keep)
-    return [*cbar, *kbar0, *xbar]
+def _adj_impl(args, body, extent, has_snaps, ymask, keep, axes):
+    a = AdjArgs.of(args, body, extent, has_snaps, ymask)
+    if extent.dynamic:
+        snaps = (a.snaps[:-1], a.snaps[-1]) if has_snaps else None
+        cbar, kbar = adjoint_while(body, extent.n_slots, extent.max_steps, a.steps[0], a.consts,
+                                   a.carry, snaps,
+                                   a.carry_bar, keep, axes)
+        return [*cbar, *kbar]
+    cbar, kbar, xbar = adjoint(body, extent.tables(), a.consts, a.carry, a.xs,
+                               a.snaps if has_snaps else None, a.carry_bar, a.ys_bar, ymask,
+                               keep, axes)
+    return [*cbar, *kbar, *xbar]
 
 
-mlir.register_lowering(fwd_p, mlir.lower_fun(_fwd_impl, multiple_results=True))
-mlir.register_lowering(tan_p, mlir.lower_fun(_tan_impl, multiple_results=True))
-mlir.register_lowering(adj_p, mlir.lower_fun(_adj_impl, multiple_results=True))
+def _lowering(impl):
+    def run(*args, levels, **params):
+        axes = _levels.names(levels)
+        return _levels.vmapped(lambda *a: impl(a, axes=axes, **params), levels)(*args)
+
+    return mlir.lower_fun(run, multiple_results=True)
+
+
+mlir.register_lowering(fwd_p, _lowering(_fwd_impl))
+mlir.register_lowering(tan_p, _lowering(_tan_impl))
+mlir.register_lowering(adj_p, _lowering(_adj_impl))
 
 
 # ----------------------------------------------------------------------------- building blocks
 
 
-def apply_tangent(body, length, schedule, z, ckv, dz, pre=()):
+def forward_loop(body: Body, extent: Extent, consts, carry, xs, save=False) -> list:
+    """Bind ``fwd_p``: the outputs ``carry_N, ys`` (and the snapshots, with ``save``)."""
+    return fwd_p.bind(*consts, *carry, *xs, body=body, extent=extent, save=save, levels=())
+
+
+def apply_tangent(body, extent, z, snaps, dz, steps=()):
     """``J(z) dz`` as full leaf lists ``(carry_N_dot, ys_dot)`` with symbolic zeros.
 
-    ``z = (consts, carry, xs)`` and ``dz`` alike (entries may be symbolic zeros); ``ckv`` are the
-    snapshots (or an empty list).
+    ``z = (consts, carry, xs)`` and ``dz`` alike (entries may be symbolic zeros); ``snaps`` are
+    the snapshots (or an empty list); ``steps`` the run-time step count (while loops).
     """
     c, k, x = z
     dc, dk, dx = dz
     mc = tuple(_nz(t) for t in dc)
     mk0 = tuple(_nz(t) for t in dk)
     mx = tuple(_nz(t) for t in dx)
-    y_avals = [_timed(a, length) for a in body.y_avals]
+    y_avals = _ys_avals(body, extent.length) if not extent.dynamic else []
     if not any(mc + mk0 + mx):
         return [_zero(a) for a in body.carry_avals], [_zero(a) for a in y_avals]
     _, mk, my = jvp_body(body, mc, mk0, mx)
-    outs = tan_p.bind(
-        *pre, *c, *k, *x, *ckv, *_pick(mc, dc), *[_inst(t) for t in _pick(mk, dk)], *_pick(mx, dx),
-        body=body, length=length, schedule=schedule, has_ck=bool(ckv), masks=(mc, mk, mx),
-    )
-    tk, ty = split(outs, [sum(mk), sum(my)])
+    args = TanArgs(list(steps), list(c), list(k), list(x), list(snaps), _pick(mc, dc),
+                   [_inst(t) for t in _pick(mk, dk)], _pick(mx, dx))
+    outs = tan_p.bind(*_flat(args), body=body, extent=extent, has_snaps=bool(snaps),
+                      masks=(mc, mk, mx), levels=())
+    tk, ty = cut(outs, [sum(mk), sum(my)])
     return _expand(mk, tk, body.carry_avals), _expand(my, ty, y_avals)
 
 
@@ -223,31 +389,29 @@ def _all_kept(body):
     )
 
 
-def apply_adjoint(body, length, schedule, z, ckv, kbar, ybar, pre=(), keep=None):
+def apply_adjoint(body, extent, z, snaps, kbar, ybar, steps=(), keep=None) -> AdjOuts:
     """``J(z)^T w`` over the float leaves of ``z``; ``w = (kbar, ybar)`` are full leaf lists over
-    the outputs (symbolic zeros allowed; non-float leaves ignored). Returns three lists of
-    cotangents of the float leaves of consts, carry and xs (of the consts and xs leaves selected
-    by ``keep = (cmask, xmask)``, masks over their float leaves; ``None``: all)."""
+    the outputs (symbolic zeros allowed; non-float leaves ignored). Returns the cotangents of the
+    float leaves of consts, carry and xs (of the consts and xs leaves selected by ``keep =
+    (cmask, xmask)``, masks over their float leaves; ``None``: all)."""
     c, k, x = z
-    fk, fy = _floats(body.carry_avals), _floats(body.y_avals)
-    kbar_f = [_inst(t) for t, f in zip(kbar, fk) if f]
-    ybar_f = [t for t, f in zip(ybar, fy) if f]
+    kbar_f = [_inst(t) for t in _floats_of(kbar, body.carry_avals)]
+    ybar_f = _floats_of(ybar, body.y_avals)
     ymask = tuple(_nz(t) for t in ybar_f)
     keep = _all_kept(body) if keep is None else keep
-    outs = adj_p.bind(
-        *pre, *c, *k, *x, *ckv, *kbar_f, *_pick(ymask, ybar_f),
-        body=body, length=length, schedule=schedule, has_ck=bool(ckv), ymask=ymask, keep=keep,
-    )
-    nfc, nfk = sum(keep[0]), sum(fk)
-    return split(outs, [nfc, nfk, len(outs) - nfc - nfk])
+    args = AdjArgs(list(steps), list(c), list(k), list(x), list(snaps), kbar_f,
+                   _pick(ymask, ybar_f))
+    outs = adj_p.bind(*_flat(args), body=body, extent=extent, has_snaps=bool(snaps),
+                      ymask=ymask, keep=keep, levels=())
+    return AdjOuts.of(outs, body, keep)
 
 
-def adjoint_tangent(body, length, schedule, z, dz, w, dw, pre=(), keep=None):
+def adjoint_tangent(body, extent, z, dz, w, dw, steps=(), keep=None) -> AdjOuts:
     """Tangent of ``z, w -> J(z)^T w`` along ``(dz, dw)``: ``J^T dw + Hess<w, F> dz``.
 
     ``w = (kbar, ybar)`` and ``dw`` are full leaf lists over the outputs (symbolic zeros
     allowed). Computed as the ``z``-half of the adjoint of ``jvp(body)`` with cotangent
-    ``(dw, w)``. Returns cotangent lists over the float leaves of consts, carry and xs (those
+    ``(dw, w)``. Returns cotangents over the float leaves of consts, carry and xs (those
     selected by ``keep``, as in :func:`apply_adjoint`).
     """
     c, k, x = z
@@ -267,142 +431,128 @@ def adjoint_tangent(body, length, schedule, z, dz, w, dw, pre=(), keep=None):
     cmask, xmask = _all_kept(body) if keep is None else keep
     # Only the primal half of the child's consts and xs cotangents is wanted.
     child_keep = (cmask + (False,) * sum(mc), xmask + (False,) * sum(mx))
-    cc, kk, xx = apply_adjoint(
-        child, length, schedule, (zc, zk, zx), [], kbar_child, ybar_child, pre, child_keep
-    )
-    return cc, kk[: sum(_floats(body.carry_avals))], xx
-
-
-def _full_from_floats(values, avals):
-    it = iter(values)
-    return [next(it) if is_float(a) else _zero(a) for a in avals]
+    out = apply_adjoint(child, extent, (zc, zk, zx), [], kbar_child, ybar_child, steps,
+                        child_keep)
+    return AdjOuts(out.consts, out.carry[: _n_float(body.carry_avals)], out.xs)
 
 
 # ----------------------------------------------------------------------------- JVP rules
 
 
-def _fwd_jvp(primals, tangents, *, body, length, schedule, save):
-    c, k, x = split(primals, [body.nc, body.nk, body.nx])
-    dc, dk, dx = split(tangents, [body.nc, body.nk, body.nx])
-    outs = fwd_p.bind(*primals, body=body, length=length, schedule=schedule, save=True)
-    carry, ys, ckv = split(outs, [body.nk, body.ny, sum(body.stored) + body.nk])
+def _fwd_jvp(primals, tangents, *, body, extent, save, levels):
+    a, t = FwdArgs.of(primals, body), FwdArgs.of(tangents, body)
+    outs = forward_loop(body, extent, a.consts, a.carry, a.xs, save=True)
+    carry, ys, snaps = cut(outs, [body.nk, body.ny, extent.n_snapshots(body)])
     # When ``save`` is already set, an adjoint of an inner derivative reads these snapshots.
     # The transpose of this tangent then re-lays its own instead of sharing them: sharing would
     # keep them alive (and force a copy) beside the inner derivative's augmented sweeps; this
     # costs one extra forward sweep, at higher order only.
-    tk, ty = apply_tangent(body, length, schedule, (c, k, x), [] if save else ckv, (dc, dk, dx))
-    primal_out = [*carry, *ys] + (ckv if save else [])
-    tangent_out = [*tk, *ty] + ([_zero(core.typeof(v)) for v in ckv] if save else [])
+    tk, ty = apply_tangent(body, extent, a, [] if save else snaps, t)
+    primal_out = [*carry, *ys] + (snaps if save else [])
+    tangent_out = [*tk, *ty] + ([_zero(core.typeof(v)) for v in snaps] if save else [])
     return primal_out, tangent_out
 
 
-def _tan_jvp(primals, tangents, *, body, length, schedule, has_ck, masks):
-    mc, mk, mx = masks
-    child, _, my = jvp_body(body, mc, mk, mx)
-    sizes = [_npre(length), body.nc, body.nk, body.nx, _ck_size(body, has_ck, length),
-             sum(mc), sum(mk), sum(mx)]
-    pre, c, k, x, _, dc, dk, dx = split(primals, sizes)
-    _, tc, tk, tx, _, tdc, tdk, tdx = split(tangents, sizes)
-    out = tan_p.bind(*primals, body=body, length=length, schedule=schedule, has_ck=has_ck,
-                     masks=masks)
+def _tan_jvp(primals, tangents, *, body, extent, has_snaps, masks, levels):
+    a = TanArgs.of(primals, body, extent, has_snaps, masks)
+    t = TanArgs.of(tangents, body, extent, has_snaps, masks)
+    child, _, _ = jvp_body(body, *masks)
+    out = tan_p.bind(*primals, body=body, extent=extent, has_snaps=has_snaps, masks=masks,
+                     levels=())
     zk, zy = apply_tangent(
-        child, length, schedule, ([*c, *dc], [*k, *dk], [*x, *dx]), [],
-        ([*tc, *tdc], [*tk, *tdk], [*tx, *tdx]), pre,
+        child, extent, ([*a.consts, *a.dconsts], [*a.carry, *a.dcarry], [*a.xs, *a.dxs]), [],
+        ([*t.consts, *t.dconsts], [*t.carry, *t.dcarry], [*t.xs, *t.dxs]), a.steps,
     )
     return out, [*zk[body.nk :], *zy[body.ny :]]
 
 
-def _adj_jvp(primals, tangents, *, body, length, schedule, has_ck, ymask, keep):
-    fk, fy = _floats(body.carry_avals), _floats(body.y_avals)
-    nkf = sum(fk)
-    sizes = [_npre(length), body.nc, body.nk, body.nx, _ck_size(body, has_ck, length), nkf,
-             sum(ymask)]
-    pre, c, k, x, _, kbar, ybar = split(primals, sizes)
-    _, tc, tk, tx, _, tkbar, tybar = split(tangents, sizes)
-    if not any(_nz(t) for t in [*tc, *tk, *tx, *tkbar, *tybar]):
-        out = adj_p.bind(*primals, body=body, length=length, schedule=schedule, has_ck=has_ck,
-                         ymask=ymask, keep=keep)
+def _adj_jvp(primals, tangents, *, body, extent, has_snaps, ymask, keep, levels):
+    a = AdjArgs.of(primals, body, extent, has_snaps, ymask)
+    t = AdjArgs.of(tangents, body, extent, has_snaps, ymask)
+    if not any(_nz(v) for v in [*t.consts, *t.carry, *t.xs, *t.carry_bar, *t.ys_bar]):
+        out = adj_p.bind(*primals, body=body, extent=extent, has_snaps=has_snaps, ymask=ymask,
+                         keep=keep, levels=())
         return out, [_zero(core.typeof(o)) for o in out]
     # The primal adjoint re-lays its own snapshots rather than reading the forward's: XLA may
     # run it after the augmented sweep below, and the forward's snapshots would then live beside
     # the augmented ones. One extra forward sweep, at second order only.
-    out = adj_p.bind(*pre, *c, *k, *x, *kbar, *ybar, body=body, length=length,
-                     schedule=schedule, has_ck=False, ymask=ymask, keep=keep)
-    y_avals = [_timed(a, length) for a in body.y_avals]
-    w = (
-        _full_from_floats(kbar, body.carry_avals),
-        _full_from_floats(_expand(ymask, ybar, [a for a, f in zip(y_avals, fy) if f]), y_avals),
-    )
-    dw = (
-        _full_from_floats(tkbar, body.carry_avals),
-        _full_from_floats(_expand(ymask, tybar, [a for a, f in zip(y_avals, fy) if f]), y_avals),
-    )
-    cc, kk, xx = adjoint_tangent(body, length, schedule, (c, k, x), (tc, tk, tx), w, dw, pre,
+    no_snaps = a._replace(snaps=[])
+    out = adj_p.bind(*_flat(no_snaps), body=body, extent=extent, has_snaps=False, ymask=ymask,
+                     keep=keep, levels=())
+    w = _cotangent_lists(body, extent, a.carry_bar, a.ys_bar, ymask)
+    dw = _cotangent_lists(body, extent, t.carry_bar, t.ys_bar, ymask)
+    cc, kk, xx = adjoint_tangent(body, extent, a.z, (t.consts, t.carry, t.xs), w, dw, a.steps,
                                  keep)
     return out, [*cc, *kk, *xx]
 
 
-ad.primitive_jvps[fwd_p] = _fwd_jvp
-ad.primitive_jvps[tan_p] = _tan_jvp
-ad.primitive_jvps[adj_p] = _adj_jvp
+def _cotangent_lists(body, extent, carry_bar, ys_bar, ymask):
+    """``(kbar, ybar)`` as full leaf lists over the outputs, from the float leaves' cotangents
+    (``ys_bar`` only where ``ymask``)."""
+    y_avals = _ys_avals(body, extent.length) if not extent.dynamic else []
+    y_float = _floats_of(y_avals, body.y_avals)
+    return (_full_from_floats(carry_bar, body.carry_avals),
+            _full_from_floats(_expand(ymask, ys_bar, y_float), y_avals))
+
+
+ad.primitive_jvps[fwd_p] = _levels.jvp_rule(_fwd_jvp)
+ad.primitive_jvps[tan_p] = _levels.jvp_rule(_tan_jvp)
+ad.primitive_jvps[adj_p] = _levels.jvp_rule(_adj_jvp)
 
 
 # ----------------------------------------------------------------------------- transposes
 
 
-def _tan_transpose(cts, *args, body, length, schedule, has_ck, masks):
+def _tan_transpose(cts, *args, body, extent, has_snaps, masks, levels):
     mc, mk, mx = masks
     _, _, my = jvp_body(body, mc, mk, mx)
-    sizes = [_npre(length), body.nc, body.nk, body.nx, _ck_size(body, has_ck, length),
-             sum(mc), sum(mk), sum(mx)]
-    pre, c, k, x, ckv, dc, dk, dx = split(args, sizes)
-    if any(_undef(v) for v in [*pre, *c, *k, *x, *ckv]):
+    a = TanArgs.of(args, body, extent, has_snaps, masks)
+    if any(_undef(v) for v in [*a.steps, *a.consts, *a.carry, *a.xs, *a.snaps]):
         raise NotImplementedError("retrograde: tan_p is linear only in its tangent inputs.")
-    ctk, cty = split(cts, [sum(mk), sum(my)])
-    y_avals = [_timed(a, length) for a in body.y_avals]
+    ctk, cty = cut(cts, [sum(mk), sum(my)])
+    y_avals = _ys_avals(body, extent.length) if not extent.dynamic else []
     kbar = _expand(mk, ctk, body.carry_avals)
     ybar = _expand(my, cty, y_avals)
-    cb, kb, xb = apply_adjoint(body, length, schedule, (c, k, x), ckv, kbar, ybar, pre)
-    full_c = _full_from_floats(cb, body.const_avals)
-    full_k = _full_from_floats(kb, body.carry_avals)
-    full_x = _full_from_floats(xb, [_timed(a, length) for a in body.x_avals])
-    out = [None] * (len(pre) + len(c) + len(k) + len(x) + len(ckv))
-    for vals, mask, full in ((dc, mc, full_c), (dk, mk, full_k), (dx, mx, full_x)):
-        out += [ct if _undef(v) else None for v, ct in zip(vals, _pick(mask, full))]
+    bar = apply_adjoint(body, extent, a.z, a.snaps, kbar, ybar, a.steps)
+    full = (
+        _full_from_floats(bar.consts, body.const_avals),
+        _full_from_floats(bar.carry, body.carry_avals),
+        _full_from_floats(bar.xs, _xs_avals(body, extent.length) if not extent.dynamic else []),
+    )
+    out = [None] * (len(a.steps) + len(a.consts) + len(a.carry) + len(a.xs) + len(a.snaps))
+    for vals, mask, f in zip(a.dz, masks, full):
+        out += [ct if _undef(v) else None for v, ct in zip(vals, _pick(mask, f))]
     return out
 
 
-def _adj_transpose(cts, *args, body, length, schedule, has_ck, ymask, keep):
-    fk, fy = _floats(body.carry_avals), _floats(body.y_avals)
-    nkf = sum(fk)
-    sizes = [_npre(length), body.nc, body.nk, body.nx, _ck_size(body, has_ck, length), nkf,
-             sum(ymask)]
-    pre, c, k, x, ckv, kbar, ybar = split(args, sizes)
+def _adj_transpose(cts, *args, body, extent, has_snaps, ymask, keep, levels):
+    a = AdjArgs.of(args, body, extent, has_snaps, ymask)
+    ct = AdjOuts.of(cts, body, keep)
     cmask, xmask = keep
-    ct_c, ct_k, ct_x = split(cts, [sum(cmask), nkf, sum(xmask)])
-    x_avals = [_timed(a, length) for a in body.x_avals]
+    x_avals = _xs_avals(body, extent.length) if not extent.dynamic else []
     # Cotangents over all float consts and xs leaves (zero where this adjoint had no output).
-    ct_c = _expand(cmask, ct_c, [a for a in body.const_avals if is_float(a)])
-    ct_x = _expand(xmask, ct_x, [a for a in x_avals if is_float(a)])
-    if not any(_undef(v) for v in [*c, *k, *x, *ckv]):
+    ct_c = _expand(cmask, ct.consts, _floats_of(body.const_avals, body.const_avals))
+    ct_x = _expand(xmask, ct.xs, _floats_of(x_avals, body.x_avals))
+    n_pre = len(a.steps) + len(a.consts) + len(a.carry) + len(a.xs) + len(a.snaps)
+    if not any(_undef(v) for v in [*a.consts, *a.carry, *a.xs, *a.snaps]):
         # w -> J^T w is linear; its transpose is ct -> J ct.
         dz = (
             _full_from_floats(ct_c, body.const_avals),
-            _full_from_floats(ct_k, body.carry_avals),
+            _full_from_floats(ct.carry, body.carry_avals),
             _full_from_floats(ct_x, x_avals),
         )
-        tk, ty = apply_tangent(body, length, schedule, (c, k, x), ckv, dz, pre)
-        tk_f = [t for t, f in zip(tk, fk) if f]
-        ty_f = _pick(ymask, [t for t, f in zip(ty, fy) if f])
-        out = [None] * (len(pre) + len(c) + len(k) + len(x) + len(ckv))
-        out += [t if _undef(v) else None for v, t in zip([*kbar, *ybar], [*tk_f, *ty_f])]
+        tk, ty = apply_tangent(body, extent, a.z, a.snaps, dz, a.steps)
+        tk_f = _floats_of(tk, body.carry_avals)
+        ty_f = _pick(ymask, _floats_of(ty, body.y_avals))
+        out = [None] * n_pre
+        out += [t if _undef(v) else None
+                for v, t in zip([*a.carry_bar, *a.ys_bar], [*tk_f, *ty_f])]
         return out
-    out = _adj_transpose_hessian(c, k, x, ckv, kbar, ybar, body, length, schedule, ymask,
-                                 (ct_c, ct_k, ct_x), pre)
-    return [None] * len(pre) + out
+    out = _adj_transpose_hessian(a, body, extent, ymask, (ct_c, ct.carry, ct_x))
+    return [None] * len(a.steps) + out
 
 
-def _adj_transpose_hessian(c, k, x, ckv, kbar, ybar, body, length, schedule, ymask, ct, pre):
+def _adj_transpose_hessian(a: AdjArgs, body, extent, ymask, ct):
     """Transpose of ``(zq_dot, a) -> z-half of adj[jvp(Q)]((zq, zq_dot), (a, b))``.
 
     That map is ``J_Q^T a + Hess<b, F_Q> zq_dot``; its transpose sends ``ct`` to
@@ -416,28 +566,27 @@ def _adj_transpose_hessian(c, k, x, ckv, kbar, ybar, body, length, schedule, yma
             "respect to the loop inputs."
         )
     mc, mk, mx, my = body.masks
-    cq, cq_dot = c[: q.nc], c[q.nc :]
-    kq, kq_dot = k[: q.nk], k[q.nk :]
-    xq, xq_dot = x[: q.nx], x[q.nx :]
-    if any(_undef(v) for v in [*cq, *kq, *xq, *ckv]):
+    cq, cq_dot = a.consts[: q.nc], a.consts[q.nc :]
+    kq, kq_dot = a.carry[: q.nk], a.carry[q.nk :]
+    xq, xq_dot = a.xs[: q.nx], a.xs[q.nx :]
+    if any(_undef(v) for v in [*cq, *kq, *xq, *a.snaps]):
         raise NotImplementedError("retrograde: unsupported transposition of the adjoint.")
-    fkq, fyq = _floats(q.carry_avals), _floats(q.y_avals)
-    nfkq, nfyq = sum(fkq), sum(fyq)
+    nfkq, nfyq = _n_float(q.carry_avals), _n_float(q.y_avals)
     # Cotangent halves: a (on Q's outputs) and b (on their tangents).
-    a_k, b_k = kbar[:nfkq], kbar[nfkq:]
+    a_k, b_k = a.carry_bar[:nfkq], a.carry_bar[nfkq:]
     ymask_a, ymask_b = ymask[:nfyq], ymask[nfyq:]
     n_ya = sum(ymask_a)
-    a_y, b_y = ybar[:n_ya], ybar[n_ya:]
+    a_y, b_y = a.ys_bar[:n_ya], a.ys_bar[n_ya:]
     if any(_undef(v) for v in [*b_k, *b_y]):
         raise NotImplementedError("retrograde: the adjoint is not linear in both its inputs.")
-    qy_avals = [_timed(a, length) for a in q.y_avals]
-    qx_avals = [_timed(a, length) for a in q.x_avals]
+    qy_avals = _ys_avals(q, extent.length) if not extent.dynamic else []
+    qx_avals = _xs_avals(q, extent.length) if not extent.dynamic else []
     # b as full leaf lists over Q's outputs.
     b_full_k = _expand(mk, b_k, q.carry_avals)
-    b_ydot = _expand(ymask_b, b_y, [a for a, m in zip(qy_avals, my) if m])
+    b_ydot = _expand(ymask_b, b_y, [a_ for a_, m in zip(qy_avals, my) if m])
     b_full_y = _expand(my, b_ydot, qy_avals)
     # ct restricted to the primal half (Q's float leaves).
-    nfcq, nfxq = sum(_floats(q.const_avals)), sum(_floats(q.x_avals))
+    nfcq, nfxq = _n_float(q.const_avals), _n_float(q.x_avals)
     ct_c, ct_k, ct_x = ct
     dz = (
         _full_from_floats(ct_c[:nfcq], q.const_avals),
@@ -447,38 +596,36 @@ def _adj_transpose_hessian(c, k, x, ckv, kbar, ybar, body, length, schedule, yma
     zq = (cq, kq, xq)
     # zq_dot_bar = Hess<b, F_Q> ct, over the leaves that carry tangents.
     if any(_undef(v) for v in [*cq_dot, *kq_dot, *xq_dot]):
-        zero_w = ([_zero(a) for a in q.carry_avals], [_zero(a) for a in qy_avals])
-        hc, hk, hx = adjoint_tangent(
-            q, length, schedule, zq, dz, (b_full_k, b_full_y), zero_w, pre
-        )
-        full_c = _full_from_floats(hc, q.const_avals)
-        full_k = _full_from_floats(hk, q.carry_avals)
-        full_x = _full_from_floats(hx, qx_avals)
+        zero_w = ([_zero(a_) for a_ in q.carry_avals], [_zero(a_) for a_ in qy_avals])
+        h = adjoint_tangent(q, extent, zq, dz, (b_full_k, b_full_y), zero_w, a.steps)
+        full_c = _full_from_floats(h.consts, q.const_avals)
+        full_k = _full_from_floats(h.carry, q.carry_avals)
+        full_x = _full_from_floats(h.xs, qx_avals)
         dots = []
         for vals, mask, full in ((cq_dot, mc, full_c), (kq_dot, mk, full_k),
                                  (xq_dot, mx, full_x)):
-            dots.append([h if _undef(v) else None for v, h in zip(vals, _pick(mask, full))])
+            dots.append([h_ if _undef(v) else None for v, h_ in zip(vals, _pick(mask, full))])
         out_c, out_k, out_x = dots
     else:
         out_c, out_k, out_x = [None] * len(cq_dot), [None] * len(kq_dot), [None] * len(xq_dot)
     out = [None] * len(cq) + out_c + [None] * len(kq) + out_k + [None] * len(xq) + out_x
-    out += [None] * len(ckv)
+    out += [None] * len(a.snaps)
     # a_bar = J_Q ct.
     if any(_undef(v) for v in [*a_k, *a_y]):
-        tk, ty = apply_tangent(q, length, schedule, zq, [], dz, pre)
-        tk_f = [t for t, f in zip(tk, fkq) if f]
-        ty_f = _pick(ymask_a, [t for t, f in zip(ty, fyq) if f])
+        tk, ty = apply_tangent(q, extent, zq, [], dz, a.steps)
+        tk_f = _floats_of(tk, q.carry_avals)
+        ty_f = _pick(ymask_a, _floats_of(ty, q.y_avals))
         a_k_bar = [t if _undef(v) else None for v, t in zip(a_k, tk_f)]
         a_y_bar = [t if _undef(v) else None for v, t in zip(a_y, ty_f)]
     else:
         a_k_bar, a_y_bar = [None] * len(a_k), [None] * len(a_y)
-    # The inputs are ordered (kbar = [a_k, b_k], ybar = [a_y, b_y]).
+    # The cotangent inputs are ordered (carry_bar = [a_k, b_k], ys_bar = [a_y, b_y]).
     out += a_k_bar + [None] * len(b_k) + a_y_bar + [None] * len(b_y)
     return out
 
 
-ad.primitive_transposes[tan_p] = _tan_transpose
-ad.primitive_transposes[adj_p] = _adj_transpose
+ad.primitive_transposes[tan_p] = _levels.transpose_rule(_tan_transpose)
+ad.primitive_transposes[adj_p] = _levels.transpose_rule(_adj_transpose)
 
 
 # ----------------------------------------------------------------------------- dead code
@@ -492,19 +639,23 @@ def _adj_dce(used_outputs, eqn):
         return [False] * len(eqn.invars), None
     params = eqn.params
     cmask, xmask = params["keep"]
-    nkf = sum(_floats(params["body"].carry_avals))
-    uc, _, ux = split(used_outputs, [sum(cmask), nkf, sum(xmask)])
-    vc, vk, vx = split(eqn.outvars, [sum(cmask), nkf, sum(xmask)])
+    body = params["body"]
+    used = AdjOuts.of(used_outputs, body, (cmask, xmask))
 
     def narrow(mask, used):
         it = iter(used)
         return tuple(m and next(it) for m in mask)
 
-    keep = (narrow(cmask, uc), narrow(xmask, ux))
+    keep = (narrow(cmask, used.consts), narrow(xmask, used.xs))
     if keep == (cmask, xmask):
         return [True] * len(eqn.invars), eqn
-    outvars = _pick(uc, vc) + vk + _pick(ux, vx)
-    return [True] * len(eqn.invars), eqn.replace(params=dict(params, keep=keep), outvars=outvars)
+    selected = AdjOuts(used.consts, [True] * len(used.carry), used.xs)
+    flags = _flat(selected)
+    levels = tuple(dataclasses.replace(lv, out_axes=tuple(_pick(flags, lv.out_axes)))
+                   for lv in params["levels"])
+    outvars = _pick(flags, eqn.outvars)
+    new = eqn.replace(params=dict(params, keep=keep, levels=levels), outvars=outvars)
+    return [True] * len(eqn.invars), new
 
 
 pe.dce_rules[adj_p] = _adj_dce
@@ -513,63 +664,69 @@ pe.dce_rules[adj_p] = _adj_dce
 # ----------------------------------------------------------------------------- batching
 
 
-def _layout_fwd(body, save, **_):
-    ins = [0] * (body.nc + body.nk) + [1] * body.nx
-    outs = [0] * body.nk + [1] * body.ny + ([1] * sum(body.stored) + [0] * body.nk if save else [])
-    return ins, outs
+def carry_fixpoint(jaxpr, data, consts_b, carry_b, xs_b, nk):
+    """Which carry leaves a batched loop carries batched (JAX's scan rule): those batched
+    initially or made batched by a step. Returns ``(carry_b, ys_b)``."""
+    carry_b = list(carry_b)
+    for _ in range(nk + 1):
+        _, out_b = batching.batch_jaxpr(jaxpr, data, [*consts_b, *carry_b, *xs_b],
+                                        instantiate=carry_b + [False] * (len(jaxpr.out_avals) - nk))
+        new = [a or b for a, b in zip(carry_b, out_b[:nk])]
+        if new == carry_b:
+            return carry_b, list(out_b[nk:])
+        carry_b = new
+    raise AssertionError("retrograde: batching fixpoint not reached")
 
 
-def _layout_ck(body, has_ck, length):
-    if not has_ck:
-        return []
-    return [1] * sum(body.stored) + ([0] * body.nk if length is not None else [None])
+def _b(dims):
+    return [d is not None for d in dims]
 
 
-def _layout_tan(body, has_ck, masks, length, **_):
+def _axes(flags):
+    return [0 if f else None for f in flags]
+
+
+def _fwd_out_axes(data, dims, *, body, extent, save):
+    d = FwdArgs.of(dims, body)
+    carry_b, ys_b = carry_fixpoint(body.jaxpr, data, _b(d.consts), _b(d.carry), _b(d.xs), body.nk)
+    snaps = 2 * _axes(_pick(body.stored, carry_b)) if save else []
+    return _axes(carry_b) + _axes(ys_b) + snaps
+
+
+def _unbatched_steps(dims):
+    if any(d is not None for d in dims):
+        raise NotImplementedError(
+            "retrograde: vmap over a loop whose step count differs per batch element must "
+            "batch the loop itself (retrograde.while_loop handles a batched predicate)."
+        )
+
+
+def _tan_out_axes(data, dims, *, body, extent, has_snaps, masks):
+    """The batching of the tangent outputs, from the parent body with a leaf batched where its
+    value or its tangent is: the tangent of an output depends only on inputs (and their
+    tangents) that the output itself depends on. (The tangent body is not analysed: it may hold
+    a ``custom_vjp``'s linearisation, which only transposes.)"""
+    d = TanArgs.of(dims, body, extent, has_snaps, masks)
+    _unbatched_steps(d.steps)
+
+    def union(values, tangents, mask):
+        batched = [v is not None for v in values]
+        for j, t in zip((j for j, m in enumerate(mask) if m), tangents):
+            batched[j] = batched[j] or t is not None
+        return batched
+
     mc, mk, mx = masks
+    carry_b, ys_b = carry_fixpoint(body.jaxpr, data, union(d.consts, d.dconsts, mc),
+                                   union(d.carry, d.dcarry, mk), union(d.xs, d.dxs, mx), body.nk)
     _, _, my = jvp_body(body, mc, mk, mx)
-    ck = _layout_ck(body, has_ck, length)
-    ins = [None] * _npre(length) + [0] * (body.nc + body.nk) + [1] * body.nx + ck
-    ins += [0] * (sum(mc) + sum(mk)) + [1] * sum(mx)
-    return ins, [0] * sum(mk) + [1] * sum(my)
+    return _axes(_pick(mk, carry_b)) + _axes(_pick(my, ys_b))
 
 
-def _layout_adj(body, has_ck, ymask, length, keep, **_):
-    ck = _layout_ck(body, has_ck, length)
-    nkf = sum(_floats(body.carry_avals))
-    ins = [None] * _npre(length) + [0] * (body.nc + body.nk) + [1] * body.nx + ck
-    ins += [0] * nkf + [1] * sum(ymask)
-    outs = [0] * (sum(keep[0]) + nkf) + [1] * sum(keep[1])
-    return ins, outs
+def _adj_out_axes(data, dims, *, body, extent, has_snaps, ymask, keep):
+    _unbatched_steps(AdjArgs.of(dims, body, extent, has_snaps, ymask).steps)
+    return [0] * len(_adj_outs(body, extent, keep))
 
 
-def _to_axis(x, d, pos, size):
-    if pos is None:  # must stay unbatched: a step count, or the slots' step numbers
-        if d is not None:
-            raise NotImplementedError(
-                "retrograde: vmap over a loop whose step count differs per batch element must "
-                "batch the loop itself (retrograde.while_loop handles a batched predicate)."
-            )
-        return x
-    if d is None:
-        x = jnp.expand_dims(x, pos)
-        shape = list(x.shape)
-        shape[pos] = size
-        return jnp.broadcast_to(x, shape)
-    return jnp.moveaxis(x, d, pos)
-
-
-def _batcher(prim, layout):
-    def rule(args, dims, **params):
-        size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-        ins, outs = layout(**params)
-        args = [_to_axis(a, d, p, size) for a, d, p in zip(args, dims, ins)]
-        params = dict(params, body=batch_body(params["body"], size))
-        return prim.bind(*args, **params), outs
-
-    return rule
-
-
-batching.primitive_batchers[fwd_p] = _batcher(fwd_p, _layout_fwd)
-batching.primitive_batchers[tan_p] = _batcher(tan_p, _layout_tan)
-batching.primitive_batchers[adj_p] = _batcher(adj_p, _layout_adj)
+_levels.batcher(fwd_p, _fwd_out_axes)
+_levels.batcher(tan_p, _tan_out_axes)
+_levels.batcher(adj_p, _adj_out_axes)

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
-from jax import tree_util
+import numpy as np
+from jax import lax, tree_util
+from jax._src import core
 
-from ..schedules import Revolve, Schedule, beta
-from ..schedules._base import check_steps
-from ._body import make_body
-from ._carry import leaf_array, match_carry
-from ._plan import check_offline
-from ._primitives import fwd_p
+from ..schedules import Online, Schedule, check_steps, default_schedule
+from ._body import Body, make_body
+from ._carry import (
+    Names, aval_of, cached_wrapper, carry_label, check_pair, check_static_int, check_structure,
+    check_types, check_unroll, convert, leaf_array, leaf_paths, sds, step_cache, trace_carry,
+    with_weak_types,
+)
+from ._tables import check_offline
+from ._primitives import Extent, forward_loop
+from ._while import _while_loop
 
 Carry = TypeVar("Carry")
 X = TypeVar("X")
@@ -24,45 +30,42 @@ Y = TypeVar("Y")
 __all__ = ["scan", "fori_loop", "default_schedule"]
 
 
-def default_schedule(length: int) -> Revolve:
-    """The default: ``Revolve(s)`` with the fewest slots such that no step is run plainly more
-    than twice (``beta(s, 2) = (s + 1)(s + 2) / 2 >= N``), i.e. about ``sqrt(2N)`` snapshots.
-
-    Example:
-        >>> default_schedule(10_000)
-        Revolve(snapshots=140)
-    """
-    s = 1
-    while beta(s, 2) < length:
-        s += 1
-    return Revolve(s)
-
-
 def scan(
     f: Callable[[Carry, X], tuple[Carry, Y]],
     init: Carry,
     xs: X | None = None,
     length: int | None = None,
+    reverse: bool = False,
+    unroll: int | bool = 1,
     *,
     schedule: Schedule | None = None,
 ) -> tuple[Carry, Y]:
     """Scan ``f`` over the leading axis of ``xs``, like :func:`jax.lax.scan`, with a
     reverse-mode derivative that keeps only the snapshots the ``schedule`` asks for.
 
-    Semantics are those of ``jax.lax.scan`` (without ``reverse``/``unroll``)::
+    Semantics are those of ``jax.lax.scan``::
 
         carry = init
-        for n in range(length):
+        for n in (reversed(range(length)) if reverse else range(length)):
             carry, y[n] = f(carry, xs[n])
         return carry, stack(y)
 
+    The carry is typed as in ``jax.lax.scan``: ``f`` must return it with the structure, shapes
+    and dtypes it came in with (else ``TypeError`` naming the leaf by its path), except that a
+    weakly typed initial leaf (a Python scalar) takes the type ``f`` makes of it (``init=0``
+    with ``int8`` inputs gives an ``int8`` carry).
+
     Args:
-        f: the step, ``(carry, x) -> (carry, y)``; pytrees of arrays. Values it closes over
-            (parameters) get derivatives like explicit inputs.
+        f: the step, ``(carry, x) -> (carry, y)`` (a tuple or list of two); pytrees of arrays.
+            Values it closes over (parameters) get derivatives like explicit inputs.
         init: the initial carry, a pytree of arrays; integer and boolean leaves are allowed (they
             get no derivative).
         xs: per-step inputs, a pytree of arrays with leading axis ``length``, or ``None``.
         length: the number of steps; required when ``xs`` is ``None``.
+        reverse: run the steps from the last ``xs`` to the first (``ys`` are stacked in the
+            order of ``xs``), as ``jax.lax.scan(reverse=True)``.
+        unroll: a bool or a non-negative int, validated as in ``jax.lax.scan``; a performance
+            hint that changes neither results, evaluation counts nor memory bounds.
         schedule: an offline schedule from :mod:`retrograde.schedules` (``Revolve``, ``StoreAll``,
             ``RecomputeAll``, ``Periodic``, ``MultiLevel`` with all levels in device memory).
             Default: :func:`default_schedule` (about ``sqrt(2N)`` snapshots, each step run
@@ -76,9 +79,12 @@ def scan(
     recorded (step plus VJP) evaluations, ``t`` being the schedule's plain count
     (:func:`retrograde.schedules.simulate`), in memory of ``s + 1`` carries plus one step's VJP
     working set; ``ys`` and the cotangents of ``xs`` are the only ``O(N)`` data. Forward mode
-    (``jax.jvp``) runs the tangent with the state. Every JAX transformation composes
-    (``jit``, ``vmap``, ``grad`` of ``grad``, ``jax.hessian``, ...), see
-    ``docs/derivatives.md``.
+    (``jax.jvp``) runs the tangent with the state. ``reverse=True`` adds one reversed copy of
+    ``xs`` and one of ``ys`` (``N (|x| + |y|)`` elements, ``|x|``, ``|y|`` the sizes of one
+    step's slices), and of their tangents or cotangents under a derivative; evaluation counts
+    are unchanged. Every JAX transformation composes (``jit``, ``vmap``, ``grad`` of ``grad``,
+    ``jax.hessian``, ...), see ``docs/derivatives.md``. Called again (un-jitted) with the same
+    ``f`` and argument types, the step is neither traced nor compiled again.
 
     Example:
         >>> import jax, jax.numpy as jnp, retrograde
@@ -91,10 +97,64 @@ def scan(
     """
     if not callable(f):
         raise TypeError(f"retrograde.scan: f must be callable, got {f!r}.")
+    names = Names("retrograde.scan", "f", "init", carry_label(f, 0, "carry"))
+    return _scan(f, init, xs, length, reverse, unroll, schedule, names)
+
+
+def _scan(f, init, xs, length, reverse, unroll, schedule, names: Names):
+    """:func:`scan`, with errors worded by ``names`` (``fori_loop`` runs it too)."""
+    where = names.where
     xs_flat, xs_tree = tree_util.tree_flatten(xs)
-    xs_flat = [leaf_array(x, "retrograde.scan", "xs") for x in xs_flat]
+    xs_flat = [leaf_array(x, where, "xs") for x in xs_flat]
     if length is not None:
-        length = check_steps(length, "retrograde.scan: length")
+        check_static_int(length, where, "length", " For a step count known only at run time "
+                         "use retrograde.while_loop or retrograde.fori_loop.")
+        length = check_steps(length, f"{where}: length")
+    length = _scan_length(xs_flat, length)
+    reverse = operator.truth(reverse)
+    # Validated as jax.lax.scan does; the forward sweeps unroll their loops by it (a performance
+    # hint: results, evaluation counts and memory bounds are unaffected).
+    unroll = max(1, min(check_unroll(unroll, length, where), max(length, 1)))
+    if schedule is None:
+        schedule = default_schedule(length)
+    schedule = check_offline(schedule, where)
+
+    init_flat, init_tree = tree_util.tree_flatten(init)
+    init_flat = [leaf_array(c, where, names.init) for c in init_flat]
+    x_avals = [aval_of(x).update(shape=x.shape[1:]) for x in xs_flat]
+    key = (init_tree, tuple(map(aval_of, init_flat)), xs_tree, tuple(x_avals))
+    step = step_cache.get(
+        [f], key, lambda: _trace_scan(f, init_tree, init_flat, xs_tree, x_avals, names),
+        lambda s: s.consts,
+    )
+    body, consts = step.body, step.consts
+    init_flat = convert(init_flat, step.dtypes)
+    if reverse:
+        xs_flat = [lax.rev(x, (0,)) for x in xs_flat]
+    outs = forward_loop(body, Extent(length, schedule, unroll), consts, init_flat, xs_flat)
+    outs = with_weak_types(outs, step.out_avals)
+    carry = tree_util.tree_unflatten(step.carry_tree, outs[: body.nk])
+    ys = [lax.rev(y, (0,)) for y in outs[body.nk :]] if reverse else outs[body.nk :]
+    # The pair in the container f returned it in (a list stays a list), as jax.lax.scan does.
+    return tree_util.tree_unflatten(step.pair, [carry, tree_util.tree_unflatten(step.y_tree, ys)])
+
+
+class _Step(NamedTuple):
+    """A traced scan step: the body, its constants, the dtypes weakly typed initial leaves are
+    promoted to (or None), the output avals (carry then one ``y`` each, weak types as traced),
+    and the output trees (of the carry, of ``y``, and the pair's container with two leaves)."""
+
+    body: Body
+    consts: list
+    dtypes: list
+    out_avals: list
+    carry_tree: Any
+    y_tree: Any
+    pair: Any
+
+
+def _scan_length(xs_flat: list, length: int | None) -> int:
+    """The number of steps: ``length``, or the leading size shared by every leaf of ``xs``."""
     lengths = {x.shape[0] if x.ndim else None for x in xs_flat}
     if None in lengths:
         raise ValueError("retrograde.scan: every leaf of xs needs a leading (time) axis.")
@@ -110,39 +170,42 @@ def scan(
                 f"retrograde.scan: length={length} disagrees with the leading size {n_xs} of xs. "
                 "Pass one of them, or make them equal."
             )
-        length = n_xs
-    elif length is None:
+        return n_xs
+    if length is None:
         raise ValueError("retrograde.scan: pass length when xs is None.")
-    if schedule is None:
-        schedule = default_schedule(length)
-    schedule = check_offline(schedule, "retrograde.scan")
+    return length
 
-    init_flat, init_tree = tree_util.tree_flatten(init)
-    init_flat = [leaf_array(c, "retrograde.scan", "init") for c in init_flat]
-    carry_sds = [jax.ShapeDtypeStruct(c.shape, c.dtype) for c in init_flat]
-    x_sds = [jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for x in xs_flat]
-    out_tree_box = []
 
-    def flat_step(*args):
-        carry = tree_util.tree_unflatten(init_tree, args[: len(init_flat)])
-        x = tree_util.tree_unflatten(xs_tree, args[len(init_flat) :])
-        out = f(carry, x)
-        if not (isinstance(out, tuple) and len(out) == 2):
-            raise TypeError("retrograde.scan: f must return a pair (carry, y).")
-        new_carry, y = out
-        fixed = match_carry("retrograde.scan", "f", new_carry, init_tree, carry_sds)
-        y_flat, y_tree = tree_util.tree_flatten(y)
-        out_tree_box.append(y_tree)
-        return [*fixed, *[jnp.asarray(v) for v in y_flat]]
+def _trace_scan(f, init_tree, init_flat: list, xs_tree, x_avals: list, names: Names) -> _Step:
+    """Trace ``f`` into a :class:`Body` with ``jax.lax.scan``'s carry typing
+    (:func:`~._carry.trace_carry`)."""
+    nk = len(init_flat)
 
-    closed = jax.make_jaxpr(flat_step)(*carry_sds, *x_sds)
-    body, consts = make_body(closed, len(init_flat), len(xs_flat))
-    outs = fwd_p.bind(
-        *consts, *init_flat, *xs_flat, body=body, length=length, schedule=schedule, save=False
-    )
-    carry = tree_util.tree_unflatten(init_tree, outs[: body.nk])
-    ys = tree_util.tree_unflatten(out_tree_box[-1], outs[body.nk :])
-    return carry, ys
+    def trace(avals):
+        trees = []
+
+        def flat_step(*args):
+            carry = tree_util.tree_unflatten(init_tree, args[:nk])
+            out = f(carry, tree_util.tree_unflatten(xs_tree, args[nk:]))
+            check_pair(out, names)
+            new_carry, y = out
+            new_flat, new_tree = tree_util.tree_flatten(new_carry)
+            if new_tree != init_tree:
+                check_structure(names, carry, new_carry)
+            y_flat, y_tree = tree_util.tree_flatten(y)
+            pair = tree_util.tree_structure(out, is_leaf=lambda v: v is not out)
+            trees.append((new_tree, y_tree, pair))
+            return [*new_flat, *y_flat]
+
+        closed = jax.make_jaxpr(flat_step)(*map(sds, avals), *map(sds, x_avals))
+        return (closed, *trees[-1]), closed.out_avals[:nk]
+
+    def check(avals, out):
+        check_types(names, leaf_paths(init_tree), avals, out)
+
+    (closed, *trees), dtypes = trace_carry(trace, init_flat, check)
+    body, consts = make_body(closed, nk, len(x_avals))
+    return _Step(body, consts, dtypes, list(closed.out_avals), *trees)
 
 
 def fori_loop(
@@ -151,17 +214,32 @@ def fori_loop(
     body_fun: Callable[[Any, Carry], Carry],
     init_val: Carry,
     *,
+    unroll: int | bool | None = None,
     schedule: Schedule | None = None,
 ) -> Carry:
-    """``jax.lax.fori_loop`` with static bounds, checkpointed: ``upper - lower`` steps of
-    ``val = body_fun(i, val)``. See :func:`scan` for ``schedule`` and costs.
+    """``jax.lax.fori_loop``, checkpointed: ``val = body_fun(i, val)`` for ``i`` from ``lower``
+    to ``upper - 1`` (no step if ``upper <= lower``).
+
+    Static bounds (Python ints, or concrete integer arrays) run :func:`scan` over
+    ``upper - lower`` steps with an offline ``schedule`` (default :func:`default_schedule`), as
+    ``jax.lax.fori_loop`` runs ``jax.lax.scan``; ``i`` is then a weakly typed int, as there.
+    Traced bounds (e.g. arguments of a ``jax.jit`` function) run
+    :func:`retrograde.while_loop` on ``(i, upper, val)``, again as ``jax.lax.fori_loop`` does,
+    but reverse-differentiable here: ``schedule`` must then be an online one (default
+    ``Online(16)``), ``i`` has the bounds' dtype, and derivatives treat the step count as fixed.
 
     Args:
-        lower, upper: Python ints (the number of steps must be known when tracing).
-        body_fun: ``(i, val) -> val``, ``i`` an int32 scalar.
+        lower, upper: integer scalars; of equal dtypes unless one is a Python int (it takes the
+            other's), as in ``jax.lax``.
+        body_fun: ``(i, val) -> val``, returning ``val`` in the structure, shapes and dtypes it
+            came in with (as in :func:`scan`).
         init_val: a pytree of arrays.
+        unroll: a bool or a non-negative int, only with static bounds (as in ``jax.lax``); a
+            performance hint, see :func:`scan`.
+        schedule: see above and :func:`scan`.
 
-    Returns the final ``val``. Cost as :func:`scan` with ``N = upper - lower``.
+    Returns the final ``val``. Cost as :func:`scan` with ``N = upper - lower`` for static
+    bounds, as :func:`retrograde.while_loop` for traced ones.
 
     Example:
         >>> import jax, jax.numpy as jnp, retrograde
@@ -169,18 +247,87 @@ def fori_loop(
         >>> float(jax.grad(f)(1.0)) > 0
         True
     """
-    try:
-        lower, upper = operator.index(lower), operator.index(upper)
-    except TypeError:
-        raise TypeError(
-            "retrograde.fori_loop: lower and upper must be Python ints (static bounds); got "
-            f"{lower!r}, {upper!r}. For a data-dependent count use retrograde.while_loop."
-        ) from None
-    length = max(upper - lower, 0)
+    where = "retrograde.fori_loop"
+    if not callable(body_fun):
+        raise TypeError(f"{where}: body_fun must be callable, got {body_fun!r}.")
+    lower, upper, static = _fori_bounds(lower, upper)
+    # Errors name body_fun's val; the loop's own counter leads the carry.
+    names = Names(where, "body_fun", "init_val", carry_label(body_fun, 1, "val", skip=1))
+    if static:
+        length = max(upper - lower, 0)
+        step = cached_wrapper(body_fun, _fori_scan_step, "fori_loop")
+        (_, val), _ = _scan(step, (lower, init_val), None, length,
+                            False, False if unroll is None else unroll, schedule, names)
+        return val
+    if unroll is not None and unroll is not False and unroll != 1:
+        raise ValueError(
+            f"{where}: unroll needs static loop bounds (Python ints); got traced ones, which run "
+            "retrograde.while_loop."
+        )
+    if schedule is not None and not isinstance(schedule, Online):
+        raise ValueError(
+            f"{where}: with traced bounds the step count is unknown until the loop runs, so the "
+            f"loop runs retrograde.while_loop and schedule must be an online schedule such as "
+            f"retrograde.schedules.Online(16), got {schedule!r}. Pass static bounds (Python ints) "
+            "to use an offline schedule."
+        )
+    step = cached_wrapper(body_fun, _fori_while_step, "fori_loop while")
+    _, _, val = _while_loop(_fori_cond, step, (lower, upper, init_val), schedule, None, None, None,
+                            names)
+    return val
 
+
+def _fori_bounds(lower, upper) -> tuple[Any, Any, bool]:
+    """``(lower, upper, static)``: Python ints if both bounds are concrete, else the bounds in
+    their common dtype. As in ``jax.lax.fori_loop``, the dtypes must be equal unless one bound is
+    weakly typed (a Python int) and both are signed (it then takes the other's); otherwise
+    ``TypeError``. Unlike there, non-integer bounds raise ``TypeError`` too."""
+    where = "retrograde.fori_loop"
+    dtypes, weak = [], []
+    for name, b in (("lower", lower), ("upper", upper)):
+        d = getattr(b, "dtype", None)
+        ok = not isinstance(b, (bool, np.bool_)) and (isinstance(b, int) or (
+            d is not None and jnp.ndim(b) == 0 and jnp.issubdtype(d, jnp.integer)))
+        if not ok:
+            raise TypeError(
+                f"{where}: {name} must be an integer scalar (a Python int for a fixed number of "
+                f"steps), got {b!r}."
+            )
+        a = core.typeof(jnp.asarray(b) if isinstance(b, int) else b)
+        dtypes.append(a.dtype)
+        weak.append(isinstance(b, int) or a.weak_type)
+    dtype = dtypes[0]
+    if dtypes[0] != dtypes[1]:
+        signed = all(jnp.issubdtype(d, jnp.signedinteger) for d in dtypes)
+        if not signed or weak[0] == weak[1]:
+            raise TypeError(
+                f"{where}: lower and upper must have equal dtypes, or one be a Python int and "
+                f"both signed; got {dtypes[0].name} and {dtypes[1].name}."
+            )
+        dtype = dtypes[1] if weak[0] else dtypes[0]
+    if not isinstance(lower, core.Tracer) and not isinstance(upper, core.Tracer):
+        return operator.index(lower), operator.index(upper), True
+    lower, upper = (b if d == dtype else lax.convert_element_type(b, dtype)
+                    for b, d in zip((lower, upper), dtypes))
+    return lower, upper, False
+
+
+def _fori_scan_step(get_fun):
     def step(carry, _):
         i, val = carry
-        return (i + 1, body_fun(i, val)), None
+        return (i + 1, get_fun()(i, val)), None
 
-    (_, val), _ = scan(step, (jnp.int32(lower), init_val), length=length, schedule=schedule)
-    return val
+    return step
+
+
+def _fori_while_step(get_fun):
+    def step(carry):
+        i, upper, val = carry
+        return i + 1, upper, get_fun()(i, val)
+
+    return step
+
+
+def _fori_cond(carry):
+    i, upper, _ = carry
+    return i < upper

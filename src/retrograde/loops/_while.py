@@ -18,21 +18,24 @@ predicate is evaluated once per forward step and never in the reverse sweep.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
 from jax import tree_util
 from jax._src import core, dispatch
-from jax._src.interpreters import ad, batching, mlir
+from jax._src.interpreters import ad, mlir
 from jax.extend.core import Primitive, jaxpr_as_fun
 
-from ..schedules import Online, Schedule
-from ..schedules._base import check_steps
-from ._body import Body, batch_body, guarded, make_body, split
-from ._carry import leaf_array, match_carry
+from ..schedules import Online, Schedule, check_steps
+from . import _levels
+from ._body import Body, cut, guarded, make_body
+from ._carry import (
+    Names, aval_of, carry_label, check_structure, check_types, convert, leaf_array, leaf_paths, sds,
+    step_cache, trace_carry, with_weak_types,
+)
 from ._execute import forward_while
-from ._primitives import _ck_avals, _to_axis, _zero, apply_tangent
+from ._primitives import Extent, _zero, apply_tangent, carry_fixpoint
 
 T = TypeVar("T")
 
@@ -45,61 +48,63 @@ wfwd_p.multiple_results = True
 wfwd_p.def_impl(lambda *args, **params: dispatch.apply_primitive(wfwd_p, *args, **params))
 
 
-def _abstract(*args, body, cond, schedule, max_steps, save):
+def _outs(body, extent, save):
     outs = list(body.carry_avals) + [core.ShapedArray((), jnp.int32)]
-    if save:
-        outs += _ck_avals(body, schedule.snapshots, dynamic=True)
-    return outs, body.effects | cond.effects
+    return outs + (extent.snapshot_avals(body) if save else [])
+
+
+def _abstract(*args, body, cond, extent, save, levels):
+    return _levels.batched_avals(_outs(body, extent, save), levels), body.effects | cond.effects
 
 
 wfwd_p.def_effectful_abstract_eval(_abstract)
 
 
-def _impl(*args, body, cond, schedule, max_steps, save):
-    c, k = split(args, [body.nc, body.nk])
-    carry, n, slots, held = forward_while(body, cond, schedule.snapshots, max_steps, c, k, save)
-    return [*carry, n, *slots, *([held] if save else [])]
+def _lowered(*args, body, cond, extent, save, levels):
+    axes = _levels.names(levels)
+
+    def run(*args):
+        c, k = cut(args, [body.nc, body.nk])
+        carry, n, slots, held = forward_while(body, cond, extent.n_slots, extent.max_steps, c, k,
+                                              save, axes)
+        return [*carry, n, *slots, *([held] if save else [])]
+
+    return _levels.vmapped(run, levels)(*args)
 
 
-mlir.register_lowering(wfwd_p, mlir.lower_fun(_impl, multiple_results=True))
+mlir.register_lowering(wfwd_p, mlir.lower_fun(_lowered, multiple_results=True))
 
 
-def _jvp(primals, tangents, *, body, cond, schedule, max_steps, save):
-    c, k = split(primals, [body.nc, body.nk])
-    dc, dk = split(tangents, [body.nc, body.nk])
-    outs = wfwd_p.bind(*primals, body=body, cond=cond, schedule=schedule, max_steps=max_steps,
-                       save=True)
-    carry, (n,), ckv = split(outs, [body.nk, 1, sum(body.stored) + 1])
+def _jvp(primals, tangents, *, body, cond, extent, save, levels):
+    c, k = cut(primals, [body.nc, body.nk])
+    dc, dk = cut(tangents, [body.nc, body.nk])
+    outs = wfwd_p.bind(*primals, body=body, cond=cond, extent=extent, save=True, levels=())
+    carry, (n,), snaps = cut(outs, [body.nk, 1, extent.n_snapshots(body)])
     # As in ``_primitives._fwd_jvp``: at higher order the transpose re-lays its own snapshots.
-    tk, _ = apply_tangent(body, None, schedule, (c, k, []), [] if save else ckv, (dc, dk, []),
-                          pre=[n])
-    primal_out = [*carry, n] + (ckv if save else [])
+    tk, _ = apply_tangent(body, extent, (c, k, []), [] if save else snaps, (dc, dk, []),
+                          steps=[n])
+    primal_out = [*carry, n] + (snaps if save else [])
     tangent_out = [*tk, _zero(core.typeof(n))]
-    tangent_out += [_zero(core.typeof(v)) for v in ckv] if save else []
+    tangent_out += [_zero(core.typeof(v)) for v in snaps] if save else []
     return primal_out, tangent_out
 
 
-ad.primitive_jvps[wfwd_p] = _jvp
+ad.primitive_jvps[wfwd_p] = _levels.jvp_rule(_jvp)
 
 
-def _any_cond(cond: Body, size: int) -> Body:
-    """The batch's predicate: whether any element goes on."""
-    fc = jaxpr_as_fun(batch_body(cond, size).jaxpr)
-    sds = [jax.ShapeDtypeStruct((size,) + a.shape, a.dtype) for a in cond.jaxpr.in_avals]
-    return Body(jax.make_jaxpr(lambda *a: [jnp.any(fc(*a)[0])])(*sds), cond.nc, 0, cond.nx)
+def _out_axes(data, dims, *, body, cond, extent, save):
+    """The guarded step makes every carry leaf batched when the predicate is; the step count
+    and the held steps never are (the loop runs while any element goes on)."""
+    dc, dk = cut(dims, [body.nc, body.nk])
+    carry_b, _ = carry_fixpoint(body.jaxpr, data, [d is not None for d in dc],
+                                [d is not None for d in dk], [], body.nk)
+    out = [0 if b else None for b in carry_b] + [None]
+    if save:
+        out += [0 if b else None for b, st in zip(carry_b, body.stored) if st] + [None]
+    return out
 
 
-def _batch(args, dims, *, body, cond, schedule, max_steps, save):
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    args = [_to_axis(a, d, 0, size) for a, d in zip(args, dims)]
-    # The body already leaves finished elements alone (see while_loop), so it batches as it is.
-    outs = wfwd_p.bind(*args, body=batch_body(body, size), cond=_any_cond(cond, size), schedule=schedule, max_steps=max_steps,
-                       save=save)
-    out_dims = [0] * body.nk + [None] + ([1] * sum(body.stored) + [None] if save else [])
-    return outs, out_dims
-
-
-batching.primitive_batchers[wfwd_p] = _batch
+_levels.batcher(wfwd_p, _out_axes)
 
 
 def while_loop(
@@ -123,7 +128,9 @@ def while_loop(
 
     Args:
         cond_fun: ``val -> bool scalar``.
-        body_fun: ``val -> val`` (same pytree structure, shapes and dtypes).
+        body_fun: ``val -> val``, returning ``val`` in the structure, shapes and dtypes it came in
+            with (else ``TypeError`` naming the leaf by its path); a weakly typed initial leaf (a
+            Python scalar) takes the type ``body_fun`` makes of it, as in ``jax.lax``.
         init_val: a pytree of arrays; integer and boolean leaves get no derivative.
         schedule: ``retrograde.schedules.Online(snapshots)`` (default ``Online(16)``): at most
             ``snapshots`` states are kept, placed as steps arrive; the reversal is the binomial one
@@ -150,7 +157,8 @@ def while_loop(
     snapshots, in memory of ``snapshots`` carries plus one step's VJP working set, for any ``N``.
     Every JAX transformation composes: ``jit``, ``vmap`` (a batched predicate runs until every
     element stops), ``jvp``, ``grad`` of ``grad``, ``jax.hessian``. Derivatives treat the number of
-    steps as fixed.
+    steps as fixed. Called again (un-jitted) with the same functions and argument types, the loop
+    is neither traced nor compiled again.
 
     Example:
         >>> import jax, jax.numpy as jnp, retrograde
@@ -163,69 +171,136 @@ def while_loop(
     """
     if not callable(cond_fun) or not callable(body_fun):
         raise TypeError("retrograde.while_loop: cond_fun and body_fun must be callable.")
+    names = Names("retrograde.while_loop", "body_fun", "init_val", carry_label(body_fun, 0, "val"))
+    return _while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers,
+                       first_order_body_fun, names)
+
+
+def _while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers, first_order_body_fun,
+                names: Names):
+    """:func:`while_loop`, with errors worded by ``names`` (``fori_loop`` runs it too)."""
+    where = names.where
     if schedule is None:
         schedule = Online(DEFAULT_SNAPSHOTS)
     if not isinstance(schedule, Online):
         raise ValueError(
-            f"retrograde.while_loop: schedule must be retrograde.schedules.Online(snapshots) (the "
+            f"{where}: schedule must be retrograde.schedules.Online(snapshots) (the "
             f"step count is unknown until the loop ends), got {schedule!r}. For a known step "
             "count use retrograde.scan or retrograde.fori_loop with an offline schedule."
         )
     if max_steps is not None:
-        max_steps = check_steps(max_steps, "retrograde.while_loop: max_steps")
+        max_steps = check_steps(max_steps, f"{where}: max_steps")
+    if first_order_body_fun is not None and not callable(first_order_body_fun):
+        raise TypeError(f"{where}: first_order_body_fun must be callable.")
     flat, tree = tree_util.tree_flatten(init_val)
     originals = list(flat)
-    flat = [leaf_array(v, "retrograde.while_loop", "init_val") for v in flat]
-    sds = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in flat]
+    flat = [leaf_array(v, where, names.init) for v in flat]
+    stored = _buffer_mask(buffers, init_val, originals)
+    key = (tree, tuple(map(aval_of, flat)), stored)
+    loop = step_cache.get(
+        [body_fun, cond_fun, first_order_body_fun], key,
+        lambda: _trace_while(cond_fun, body_fun, first_order_body_fun, tree, flat, stored, names),
+        lambda lp: lp.consts,
+    )
+    body, cond, consts = loop.body, loop.cond, loop.consts
+    flat = convert(flat, loop.dtypes)
+    outs = wfwd_p.bind(*consts, *flat, body=body, cond=cond,
+                       extent=Extent(None, schedule, max_steps=max_steps), save=False, levels=())
+    return tree_util.tree_unflatten(loop.tree, with_weak_types(outs[: len(flat)], loop.out_avals))
 
-    def flat_body(*args):
-        new = body_fun(tree_util.tree_unflatten(tree, args))
-        return match_carry("retrograde.while_loop", "body_fun", new, tree, sds)
+
+class _Loop(NamedTuple):
+    """A traced while loop: step and predicate bodies, their constants, the dtypes weakly typed
+    initial leaves are promoted to (or None), and the step's output carry avals and tree."""
+
+    body: Body
+    cond: Body
+    consts: list
+    dtypes: list
+    out_avals: list
+    tree: Any
+
+
+def _trace_while(cond_fun, body_fun, fast_fun, tree, flat: list, stored, names: Names) -> _Loop:
+    """Trace the predicate and the step(s) with ``jax.lax.while_loop``'s carry typing
+    (:func:`~._carry.trace_carry`), and build the loop's bodies."""
+    where = names.where
+    fast_names = names._replace(fun="first_order_body_fun")
+
+    def flat_step(fun, nm, trees):
+        def step(*args):
+            carry = tree_util.tree_unflatten(tree, args)
+            new = fun(carry)
+            new_flat, new_tree = tree_util.tree_flatten(new)
+            if new_tree != tree:
+                check_structure(nm, carry, new)
+            trees.append(new_tree)
+            return new_flat
+
+        return step
 
     def flat_cond(*args):
-        ok = jnp.asarray(cond_fun(tree_util.tree_unflatten(tree, args)))
+        out = cond_fun(tree_util.tree_unflatten(tree, args))
+        leaves, out_tree = tree_util.tree_flatten(out)
+        if not tree_util.treedef_is_leaf(out_tree) or len(leaves) != 1:
+            raise TypeError(
+                f"{where}: cond_fun must return a boolean scalar, got a pytree {out_tree}."
+            )
+        ok = jnp.asarray(leaves[0])
         if ok.shape != () or ok.dtype != jnp.bool_:
             raise TypeError(
-                "retrograde.while_loop: cond_fun must return a boolean scalar, got "
-                f"{ok.dtype}{list(ok.shape)}."
+                f"{where}: cond_fun must return a boolean scalar, got "
+                f"{ok.dtype}{list(ok.shape)}; compare it, e.g. n < 10."
             )
         return [ok]
 
-    body0, consts_b = make_body(jax.make_jaxpr(flat_body)(*sds), len(flat), 0)
-    cond0, consts_c = make_body(jax.make_jaxpr(flat_cond)(*sds), 0, len(flat))
+    def trace(avals):
+        args, trees = [sds(a) for a in avals], []
+        cond_closed = jax.make_jaxpr(flat_cond)(*args)
+        body_closed = jax.make_jaxpr(flat_step(body_fun, names, trees))(*args)
+        fast_closed = None
+        if fast_fun is not None:
+            fast_closed = jax.make_jaxpr(flat_step(fast_fun, fast_names, []))(*args)
+        return (cond_closed, body_closed, fast_closed, trees[-1]), body_closed.out_avals
+
+    paths = leaf_paths(tree)
+    traced, dtypes = trace_carry(
+        trace, flat, lambda avals, out: check_types(names, paths, avals, out)
+    )
+    cond_closed, body_closed, fast_closed, out_tree = traced
+    avals = body_closed.in_avals
+    if fast_closed is not None:
+        check_types(fast_names, paths, avals, fast_closed.out_avals)
+    nk = len(flat)
+    body0, consts_b = make_body(body_closed, nk, 0)
+    cond0, consts_c = make_body(cond_closed, 0, nk)
     fast_where = None  # where the fast body's constants sit among the merged ones
-    if first_order_body_fun is not None:
-        if not callable(first_order_body_fun):
-            raise TypeError("retrograde.while_loop: first_order_body_fun must be callable.")
-
-        def flat_fast(*args):
-            new = first_order_body_fun(tree_util.tree_unflatten(tree, args))
-            return match_carry("retrograde.while_loop", "first_order_body_fun", new, tree, sds)
-
-        fast0, consts_f = make_body(jax.make_jaxpr(flat_fast)(*sds), len(flat), 0)
+    if fast_closed is not None:
+        fast0, consts_f = make_body(fast_closed, nk, 0)
         fast_where, consts_b = _merge_consts(consts_b, consts_f)
     consts = [*consts_b, *consts_c]
     nb = len(consts_b)
     const_sds = [jax.ShapeDtypeStruct(core.typeof(c).shape, core.typeof(c).dtype) for c in consts]
+    carry_sds = [sds(a) for a in avals]
     fb, fc = jaxpr_as_fun(body0.jaxpr), jaxpr_as_fun(cond0.jaxpr)
     nb0 = len(body0.const_avals)
 
     def unguarded(step):
-        return jax.make_jaxpr(lambda *a: step(a[:nb], a[len(consts):]))(*const_sds, *sds)
+        return jax.make_jaxpr(lambda *a: step(a[:nb], a[len(consts):]))(*const_sds, *carry_sds)
 
     def general(c, k):
         return fb(*c[:nb0], *k)
 
-    step = general
-    if fast_where is not None:
+    if fast_where is None:
+        step = general
+    else:
         ff = jaxpr_as_fun(fast0.jaxpr)
 
         def step(c, k):
             return ff(*[c[j] for j in fast_where], *k)
 
-    stored = _buffer_mask(buffers, init_val, originals)
     cond = Body(
-        jax.make_jaxpr(lambda *a: fc(*a[nb:]))(*const_sds, *sds), len(consts), 0, len(flat)
+        jax.make_jaxpr(lambda *a: fc(*a[nb:]))(*const_sds, *carry_sds), len(consts), 0, nk
     )
     # where(pred(u), body(u), u): the same as body(u) before the loop stops, and the identity for
     # batch elements that stopped earlier than others (under vmap). Tangent and adjoint replay
@@ -233,15 +308,12 @@ def while_loop(
     # unbatched, the loop only runs (and its reversal only replays) steps whose predicate held,
     # so it runs the step without the guard (``Body.guard``).
     plain = unguarded(general)
-    body = Body(guarded(plain, cond.jaxpr, len(consts), len(flat)), len(consts), len(flat), 0,
+    body = Body(guarded(plain, cond.jaxpr, len(consts), nk), len(consts), nk, 0,
                 stored=stored, fast=plain if step is general else unguarded(step),
                 guard=cond.jaxpr)
     if not all(stored):
         check_write_only(body)
-    outs = wfwd_p.bind(
-        *consts, *flat, body=body, cond=cond, schedule=schedule, max_steps=max_steps, save=False
-    )
-    return tree_util.tree_unflatten(tree, outs[: len(flat)])
+    return _Loop(body, cond, consts, dtypes, list(body_closed.out_avals), out_tree)
 
 
 def _merge_consts(consts_b: list, consts_f: list) -> tuple[list[int] | None, list]:

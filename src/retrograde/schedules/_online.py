@@ -19,58 +19,30 @@ re-expressed in ``jax.numpy`` for a ``lax.while_loop``. It combines two ideas:
   ``sum_i t(L_i, s - i)`` over its segments ``L_i``, with ``t`` the Revolve optimum), and only if
   that beats keeping the held set as it is.
 
-Figures (total evaluations, plain + recorded, against the offline optimum ``t(N, s) + N``, every
-``N <= 1e5``; ``benchmarks/schedules.py``): the worst ratio for ``N >= 40`` is 1.049 (``s = 4``),
-1.031 (``s = 8``), 1.020 (``s = 16``) and 1.023 (``s = 44``); for ``N >= 200`` it is 1.031, 1.014,
-1.006 and 1.004. At ``N = beta(s, r)`` the held set is the optimal offline one (``r + 1``
-evaluations over the optimum, the steps of its last segment). For tiny ``N`` no online
-schedule is within 5%: the loop takes its last step before it knows it is the last and must then
-restore ``u_{N-1}`` (``N = 1``: 2 evaluations against 1). Below ``N = 40`` ``Online`` matches the
-best held set chosen knowing ``N`` for ``s = 8, 16, 44``, and is within 3 evaluations of it for
-``s = 4``.
+Measured against the offline optimum (``benchmarks/schedules.py``; figures in
+``docs/choosing-a-schedule.md``): at ``N = beta(s, r)`` the held set is the optimal offline one, so
+the total exceeds ``t(N, s) + N`` by the ``r + 1`` evaluations of its last segment. No online
+schedule can be close for tiny ``N``: the loop takes its last step before it knows it is the last
+and must then restore ``u_{N-1}``.
 
-The reversal keeps every held snapshot; dropping one can help in rare cases, by under 0.1%.
+The reversal keeps every held snapshot (dropping one rarely helps, and then very little).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
-from math import isqrt
 
-from ._actions import Action, End, Free, Record, Restore, Store
-from ._base import Level, OnlineRun, OnlineSchedule, check_snapshots, check_steps
-from ._revolve import _reverse
+from ._actions import Action, Free, Store
+from ._base import MemorySlots, OnlineRun, OnlineSchedule, check_snapshots, check_steps
+from ._optimum import optimum, repetition
+from ._revolve import reverse_held
 
-__all__ = ["Online", "online_store_slot", "online_targets", "segment_cost"]
-
-
-def _t(n: int, s: int) -> int:
-    """``t(n, s)``: optimal plain evaluations to reverse ``n`` steps with ``s`` slots (no checks)."""
-    if n <= 1:
-        return 0
-    if s == 1:
-        return n * (n - 1) // 2
-    if s == 2:  # beta(2, r) = (r + 1)(r + 2) / 2
-        r = max(0, (isqrt(8 * n + 1) - 3) // 2)
-        while (r + 1) * (r + 2) // 2 < n:
-            r += 1
-        return r * n - r * (r + 1) * (r + 2) // 6
-    r, b = 0, 1
-    while b < n:
-        r += 1
-        b = b * (s + r) // r
-    # C(s + r, s + 1) = beta(s, r) * r / (s + 1)
-    return r * n - b * r // (s + 1)
-
-
-def _epoch(n_steps: int, s: int) -> tuple[int, int]:
-    """``(r, beta(s, r))`` with ``beta(s, r - 1) < n_steps <= beta(s, r)``."""
-    r, b = 0, 1
-    while b < n_steps:
-        r += 1
-        b = b * (s + r) // r
-    return r, b
+__all__ = [
+    "Online", "online_decisions", "online_store_slot", "online_targets", "online_totals",
+    "segment_cost",
+]
 
 
 def online_targets(n: int, snapshots: int) -> tuple[int, ...]:
@@ -85,7 +57,7 @@ def online_targets(n: int, snapshots: int) -> tuple[int, ...]:
         (0, 35, 55, 65)
     """
     s = snapshots
-    r, b = _epoch(n + 1, s)
+    r, b = repetition(n + 1, s)
     out = []
     c = b  # beta(s - i, r), from i = 0
     for i in range(s):
@@ -110,7 +82,7 @@ def segment_cost(held: Sequence[int], n_steps: int, snapshots: int) -> int:
     """
     h = sorted(p for p in held if p >= 0)
     h.append(n_steps)
-    return sum(_t(h[i + 1] - h[i], snapshots - i) for i in range(len(h) - 1))
+    return sum(optimum(h[i + 1] - h[i], snapshots - i) for i in range(len(h) - 1))
 
 
 def online_store_slot(n: int, held: Sequence[int], snapshots: int) -> int:
@@ -159,10 +131,10 @@ def online_store_slot(n: int, held: Sequence[int], snapshots: int) -> int:
     h.append(n)
     targets = online_targets(n, s)
     # a[i], b[i]: cost of segment i = [h[i], h[i+1]) at its own index, and one index earlier.
-    a = [_t(h[i + 1] - h[i], s - i) for i in range(s)]
+    a = [optimum(h[i + 1] - h[i], s - i) for i in range(s)]
     b_suffix = [0] * (s + 1)
     for i in range(s - 1, 0, -1):
-        b_suffix[i] = b_suffix[i + 1] + _t(h[i + 1] - h[i], s - i + 1)
+        b_suffix[i] = b_suffix[i + 1] + optimum(h[i + 1] - h[i], s - i + 1)
     prefix = 0  # sum(a[:j-1])
     best, best_j = -1, -1
     for j in range(1, s):
@@ -172,13 +144,13 @@ def online_store_slot(n: int, held: Sequence[int], snapshots: int) -> int:
             continue
         # drop h[j]: segments j-1 and j merge (s - j + 1 slots); later ones gain a slot; [n, N)
         # costs nothing.
-        cost = prefix + _t(h[j + 1] - h[j - 1], s - j + 1) + b_suffix[j + 1]
+        cost = prefix + optimum(h[j + 1] - h[j - 1], s - j + 1) + b_suffix[j + 1]
         if best_j < 0 or cost < best:
             best, best_j = cost, j
     if best_j < 0:
         return -1
     if n not in targets:
-        keep = sum(a[: s - 1]) + _t(n + 1 - h[s - 1], 1)
+        keep = sum(a[: s - 1]) + optimum(n + 1 - h[s - 1], 1)
         if best >= keep:
             return -1
     return order[best_j]
@@ -202,7 +174,7 @@ class _Placement:
 
     def _refresh(self) -> None:
         s, h = self.s, self.h
-        a = [_t(h[i + 1] - h[i], s - i) for i in range(s - 1)]
+        a = [optimum(h[i + 1] - h[i], s - i) for i in range(s - 1)]
         self.head = sum(a)  # segments but the last, at their own index
         self.head_but_one = self.head - a[s - 2] if s >= 2 else 0
         # C[j] (1 <= j <= s-2): cost of dropping h[j], without the last segment's t(n - h[-1], 2)
@@ -211,8 +183,8 @@ class _Placement:
         c = [0] * (s - 1)
         for j in range(s - 2, 0, -1):
             prefix -= a[j - 1]
-            c[j] = prefix + _t(h[j + 1] - h[j - 1], s - j + 1) + tail
-            tail += _t(h[j + 1] - h[j], s - j + 1)
+            c[j] = prefix + optimum(h[j + 1] - h[j - 1], s - j + 1) + tail
+            tail += optimum(h[j + 1] - h[j], s - j + 1)
         self.c = c
         self.fresh = True
         self.picked = False
@@ -227,7 +199,7 @@ class _Placement:
         if s == 1:
             return None
         if n + 1 > self.epoch_end:
-            self.epoch_end = _epoch(n + 1, s)[1]
+            self.epoch_end = repetition(n + 1, s)[1]
             self.targets = frozenset(online_targets(n, s))
             self.picked = False
         if not self.fresh:
@@ -239,14 +211,14 @@ class _Placement:
                 if h[j] not in targets and (self.j_min < 0 or self.c[j] < self.c_min):
                     self.j_min, self.c_min = j, self.c[j]
             self.picked = True
-        best_j, best = self.j_min, self.c_min + _t(n - h[s - 1], 2)
+        best_j, best = self.j_min, self.c_min + optimum(n - h[s - 1], 2)
         if h[s - 1] not in targets:
-            cost = self.head_but_one + _t(n - h[s - 2], 2)
+            cost = self.head_but_one + optimum(n - h[s - 2], 2)
             if best_j < 0 or cost < best:
                 best_j, best = s - 1, cost
         if best_j < 0:
             return None
-        if n not in targets and best >= self.head + _t(n + 1 - h[s - 1], 1):
+        if n not in targets and best >= self.head + optimum(n + 1 - h[s - 1], 1):
             return None
         k, old = self.slot[best_j], h[best_j]
         del h[best_j], self.slot[best_j]
@@ -266,33 +238,26 @@ class _Placement:
             return segment_cost(h, n_steps, s)
         if not self.fresh:
             self._refresh()
-        return self.head + _t(n_steps - h[-1], 1)
+        return self.head + optimum(n_steps - h[-1], 1)
 
 
-def _reverse_held(held: Sequence[int], n_steps: int) -> Iterator[Action]:
-    """Reverse ``n_steps`` steps from the snapshots ``held`` (per slot, ``-1`` empty), last
-    segment first, each with Revolve and every slot not held by an earlier snapshot."""
-    s = len(held)
-    by_step = sorted((p, k) for k, p in enumerate(held) if p >= 0)
-    end = n_steps
-    for i in range(len(by_step) - 1, -1, -1):
-        start, slot = by_step[i]
-        busy = {k for _, k in by_step[:i]}
-        free = [k for k in range(s) if k != slot and k not in busy]
-        slot_of = [slot] + free
-        length = end - start
-        yield Restore(start, slot)
-        for action in _reverse(length, 1 + len(free)):
-            kind = type(action)
-            if kind is Record:
-                yield Record(action.step + start)
-            elif kind in (Store, Restore, Free):
-                yield kind(action.step + start, slot_of[action.slot], 0)
-            else:  # Advance
-                yield type(action)(action.start + start, action.stop + start)
-        yield Free(start, slot)
-        end = start
-    yield End()
+@functools.lru_cache(maxsize=32)
+def online_decisions(snapshots: int, n_steps: int) -> tuple[int, ...]:
+    """The slot :func:`online_store_slot` gives ``u_n`` (or ``-1``) for ``n = 0 .. n_steps - 1``.
+
+    The rule reads only step numbers, never the loop's data, so its decisions are the same in
+    every run: a compiled loop reads them off this table instead of evaluating the rule per step.
+    Costs ``O(n_steps + s * stores)`` (:class:`_Placement`); cached.
+
+    Example:
+        >>> online_decisions(4, 6)   # as in online_store_slot's example
+        (0, 1, 2, 3, -1, 1)
+    """
+    placement, out = _Placement(check_snapshots(snapshots)), []
+    for n in range(check_steps(n_steps)):
+        decision = placement.decide(n)
+        out.append(-1 if decision is None else decision[0])
+    return tuple(out)
 
 
 class _OnlineRun(OnlineRun):
@@ -328,19 +293,18 @@ class _OnlineRun(OnlineRun):
                 f"n_steps must be {self._next}."
             )
         self._reversed = True
-        return _reverse_held(tuple(self._placement.held), n_steps)
+        return reverse_held(tuple(self._placement.held), n_steps)
 
 
 @dataclasses.dataclass(frozen=True)
-class Online(OnlineSchedule):
+class Online(MemorySlots, OnlineSchedule):
     """Checkpointing for a loop whose step count is unknown until it stops, ``s`` slots.
 
     The forward sweep keeps at most ``snapshots`` states (``u_0``'s slot included) chosen by
     :func:`online_store_slot`; the reversal reverses the segments between them with Revolve.
     Cost: ``N`` plain evaluations forward, :func:`segment_cost` of the held set to reverse, ``N``
-    recorded. Total evaluations are within 5% of the offline optimum ``t(N, s) + N`` for every
-    ``40 <= N <= 1e5`` and ``s`` in ``{4, 8, 16, 44}`` (see the module docstring for figures).
-    Peak slots: ``min(s, N)``. Memory to generate the actions: ``O(s)``. ``on_step`` costs ``O(1)``
+    recorded (against the offline optimum ``t(N, s) + N``: see the module docstring). Peak
+    slots: ``min(s, N)``. Memory to generate the actions: ``O(s)``. ``on_step`` costs ``O(1)``
     evaluations of ``t`` when it stores nothing and ``O(s)`` when it stores (the held set's costs
     are cached); the decisions are exactly those of :func:`online_store_slot`.
 
@@ -354,22 +318,19 @@ class Online(OnlineSchedule):
         ((16,), 3866, 3860)
     """
 
-    snapshots: int
-
-    def __post_init__(self):
-        check_snapshots(self.snapshots, "Online(snapshots=...)")
-
-    @property
-    def levels(self) -> tuple[Level, ...]:
-        return (Level(self.snapshots, name="memory"),)
-
     def start(self) -> OnlineRun:
         return _OnlineRun(self.snapshots)
 
 
-def _totals(snapshots: int, n_max: int) -> list[int]:
+def online_totals(snapshots: int, n_max: int) -> list[int]:
     """Total evaluations (plain + recorded) of ``Online(snapshots)`` for every ``N`` in
-    ``0 .. n_max``, from one forward sweep: ``2 N + segment_cost(held after N steps, N)``."""
+    ``0 .. n_max``, from one forward sweep: ``2 N + segment_cost(held after N steps, N)``.
+
+    Example:
+        >>> from retrograde.schedules import Online, simulate
+        >>> online_totals(4, 50)[50] == simulate(Online(4), 50).evaluations
+        True
+    """
     placement = _Placement(snapshots)
     out = [0]
     for n in range(n_max):

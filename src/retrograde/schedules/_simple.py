@@ -37,6 +37,9 @@ class StoreAll(OfflineSchedule):
             yield Free(n, n, 0)
         yield End()
 
+    def binomial_stores(self, n_steps: int) -> tuple[int, ...]:
+        return tuple(range(check_steps(n_steps) - 1))
+
 
 @dataclasses.dataclass(frozen=True)
 class RecomputeAll(OfflineSchedule):
@@ -54,6 +57,9 @@ class RecomputeAll(OfflineSchedule):
 
     def actions(self, n_steps: int) -> Iterator[Action]:
         return Revolve(1).actions(n_steps)
+
+    def binomial_stores(self, n_steps: int) -> tuple[int, ...]:
+        return Revolve(1).binomial_stores(n_steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,3 +120,13 @@ class Periodic(OfflineSchedule):
                     yield Record(a)
             yield Free(a, i, 0)
         yield End()
+
+    def binomial_stores(self, n_steps: int) -> tuple[int, ...]:
+        """Each segment start, and the states of the last segment, which the forward sweep
+        recomputes at once."""
+        n_steps = check_steps(n_steps)
+        starts = tuple(range(0, n_steps, self.every))
+        if not starts or starts[-1] == n_steps - 1:  # a last segment of one step stores nothing
+            return starts[:-1]
+        return starts + tuple(range(starts[-1] + 1, n_steps - 1))
+

@@ -1,0 +1,216 @@
+"""Batching of the loop primitives: a batched primitive runs its unbatched program under
+``jax.vmap``.
+
+The batching rule of a loop primitive does not rewrite its body: it appends a :class:`Level`
+(the vmap's size, axis name and the batch axis of every input and output) to the primitive's
+``levels`` parameter. The lowering applies the levels, innermost first, as ``jax.vmap`` of the
+unbatched program (:func:`vmapped`). JAX then batches only what depends on a batched input,
+through its own rules for the program's loops and conditionals: an unbatched closed-over weight
+stays unbatched and a matrix-vector product with it becomes one matrix-matrix product, carry
+leaves that never meet a batched value stay unbatched, and collectives over the vmap's axis name
+(``lax.psum(x, "i")`` in a step) bind to it.
+
+Differentiation rules see a batched primitive as ``vmap`` of an unbatched one: its JVP is the
+``vmap`` of the unbatched JVP (:func:`jvp_rule`), its transpose the ``vmap`` of the unbatched
+transpose, where the cotangent of an input that was not batched is summed over the batch
+(:func:`transpose_rule`). Both peel the outermost level and recurse, so the unbatched rules are
+the only rules written per primitive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Hashable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax._src import core
+from jax._src.interpreters import ad, batching
+
+
+@dataclasses.dataclass(frozen=True)
+class Level:
+    """One ``jax.vmap`` of a primitive's program.
+
+    Attributes:
+        size: the batch size.
+        name: the vmap's axis name: the user's, or a private one (collectives of the program
+            itself reduce over it, see :func:`names`).
+        spmd_name: the ``spmd_axis_name`` of the user's vmap, if any.
+        in_axes, out_axes: the batch axis of each input and output (``None``: not batched).
+    """
+
+    size: int
+    name: Hashable
+    spmd_name: Hashable | tuple | None
+    in_axes: tuple[int | None, ...]
+    out_axes: tuple[int | None, ...]
+
+
+class _Private:
+    """A private axis name for a vmap the user did not name."""
+
+    _ids = itertools.count()
+
+    def __init__(self):
+        self.id = next(self._ids)
+
+    def __repr__(self):
+        return f"retrograde_batch_{self.id}"
+
+
+def names(levels: Sequence[Level]) -> tuple:
+    """The axis names of the levels: a reduction over them makes a value unbatched."""
+    return tuple(level.name for level in levels)
+
+
+def vmapped(fun: Callable, levels: Sequence[Level]) -> Callable:
+    """``fun`` (a function of the primitive's inputs returning the list of its outputs) under
+    every level, innermost first."""
+    for level in levels:
+        fun = jax.vmap(fun, in_axes=level.in_axes, out_axes=list(level.out_axes),
+                       axis_size=level.size, axis_name=level.name,
+                       spmd_axis_name=level.spmd_name)
+    return fun
+
+
+def batched_avals(avals, levels: Sequence[Level]) -> list:
+    """The abstract values of a primitive's outputs: the unbatched ones with every level's batch
+    axis inserted."""
+    avals = list(avals)
+    for level in levels:
+        avals = [a if d is None else _with_axis(a, d, level.size)
+                 for a, d in zip(avals, level.out_axes)]
+    return avals
+
+
+def _with_axis(aval, d, size):
+    shape = list(aval.shape)
+    shape.insert(d, size)
+    return aval.update(shape=tuple(shape))
+
+
+def _without_axis(aval, d):
+    if d is None:
+        return aval
+    shape = list(aval.shape)
+    del shape[d]
+    return aval.update(shape=tuple(shape))
+
+
+def axis_data(level: Level):
+    return batching.AxisData(level.name, level.size, level.spmd_name, None)
+
+
+def batcher(prim, out_axes: Callable):
+    """Register the batching rule of ``prim``: append a level. ``out_axes(axis_data, dims,
+    **params)`` returns the batch axis (0 or ``None``) of each output."""
+
+    def rule(data, args, dims, *, levels, **params):
+        if all(d is None for d in dims):  # nothing of this vmap reaches the primitive
+            outs = prim.bind(*args, levels=levels, **params)
+            return outs, [None] * len(outs)
+        name = data.name if data.name is not core.no_axis_name else _Private()
+        data = batching.AxisData(name, data.size, data.spmd_name, None)
+        outs = tuple(out_axes(data, dims, **params))
+        level = Level(data.size, name, data.spmd_name, tuple(dims), outs)
+        return prim.bind(*args, levels=(*levels, level), **params), list(outs)
+
+    batching.fancy_primitive_batchers[prim] = rule
+
+
+def _placeholder():
+    """What a vmapped rule returns where the unbatched rule gives a symbolic zero or nothing."""
+    return jnp.zeros((0,), jnp.float32)
+
+
+def jvp_rule(unbatched: Callable):
+    """The JVP rule of a primitive with ``levels``: ``vmap`` of ``unbatched(primals, tangents,
+    **params)`` (tangents may be ``ad.Zero``), peeling the outermost level."""
+
+    def rule(primals, tangents, *, levels, **params):
+        if not levels:
+            return unbatched(primals, tangents, levels=(), **params)
+        level, inner = levels[-1], levels[:-1]
+        nz = [type(t) is not ad.Zero for t in tangents]
+        out_nz: list[bool] = []
+
+        def f(primals, tangents_nz):
+            it = iter(tangents_nz)
+            ts = [next(it) if m else ad.Zero(core.typeof(p).to_tangent_aval())
+                  for m, p in zip(nz, primals)]
+            po, to = rule(primals, ts, levels=inner, **params)
+            out_nz[:] = [type(t) is not ad.Zero for t in to]
+            return list(po), [_placeholder() if type(t) is ad.Zero else t for t in to]
+
+        axes_in = list(level.in_axes)
+        fun = jax.vmap(f, in_axes=(axes_in, [d for d, m in zip(axes_in, nz) if m]),
+                       out_axes=(list(level.out_axes), list(level.out_axes)),
+                       axis_size=level.size, axis_name=level.name,
+                       spmd_axis_name=level.spmd_name)
+        po, to = fun(list(primals), [t for t, m in zip(tangents, nz) if m])
+        to = [t if m else ad.Zero(core.typeof(p).to_tangent_aval())
+              for t, m, p in zip(to, out_nz, po)]
+        return po, to
+
+    return rule
+
+
+def transpose_rule(unbatched: Callable):
+    """The transpose rule of a primitive with ``levels``: ``vmap`` of ``unbatched(cts, *args,
+    **params)``, peeling the outermost level; the cotangent of an output without a batch axis is
+    shared out equally over the batch, and that of a linear input without one is summed."""
+
+    def rule(cts, *args, levels, **params):
+        if not levels:
+            return unbatched(cts, *args, levels=(), **params)
+        level, inner = levels[-1], levels[:-1]
+        undef = [ad.is_undefined_primal(a) for a in args]
+        in_avals = [_without_axis(a.aval, d) if u else None
+                    for a, u, d in zip(args, undef, level.in_axes)]
+        cts = list(cts)
+        ct_nz = [type(c) is not ad.Zero for c in cts]
+        out_avals = [_without_axis(c.aval, d) if not m else None
+                     for c, m, d in zip(cts, ct_nz, level.out_axes)]
+        got: list[bool] = []
+
+        def f(defined, cts_nz):
+            it_d, it_c = iter(defined), iter(cts_nz)
+            full = [ad.UndefinedPrimal(aval) if u else next(it_d)
+                    for u, aval in zip(undef, in_avals)]
+            cts_full = [next(it_c) if m else ad.Zero(aval) for m, aval in zip(ct_nz, out_avals)]
+            res = rule(cts_full, *full, levels=inner, **params)
+            res = [r for r, u in zip(res, undef) if u]
+            got[:] = [r is not None and type(r) is not ad.Zero for r in res]
+            return [r if g else _placeholder() for r, g in zip(res, got)]
+
+        # An output without a batch axis is one value that every element computes alike (its
+        # inputs are unbatched, or a collective over the axis made it so): its cotangent is
+        # shared out equally, so that the elements' contributions add up to it once.
+        shared = [c if d is not None else jnp.broadcast_to(c / level.size, (level.size, *c.shape))
+                  for c, d, m in zip(cts, level.out_axes, ct_nz) if m]
+        n_undef = sum(undef)
+        fun = jax.vmap(
+            f,
+            in_axes=([d for d, u in zip(level.in_axes, undef) if not u],
+                     [0 if d is None else d for d, m in zip(level.out_axes, ct_nz) if m]),
+            out_axes=[0] * n_undef, axis_size=level.size, axis_name=level.name,
+            spmd_axis_name=level.spmd_name,
+        )
+        res = fun([a for a, u in zip(args, undef) if not u], shared)
+        out, it = [], iter(zip(res, got, [d for d, u in zip(level.in_axes, undef) if u]))
+        for u in undef:
+            if not u:
+                out.append(None)
+                continue
+            r, g, d = next(it)
+            if not g:
+                out.append(None)
+            elif d is None:
+                out.append(jnp.sum(r, axis=0))
+            else:
+                out.append(jnp.moveaxis(r, 0, d))
+        return out
+
+    return rule
