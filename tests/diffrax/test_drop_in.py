@@ -203,8 +203,6 @@ def _leaf_types(tree):
             for p, x in jtu.tree_leaves_with_path(tree) if hasattr(x, "dtype")]
 
 
-@pytest.mark.xfail(strict=True, reason="needs retrograde.while_loop to keep a weakly typed "
-                   "carry leaf weak, as lax.while_loop does (loops fix, issue #19)")
 def test_solution_dtypes():
     """Every leaf of ``Solution`` has RecursiveCheckpointAdjoint's dtype and weak type (x64:
     diffrax's step counters are weak int64, which strict promotion lets meet int32)."""
@@ -262,8 +260,6 @@ def test_runtime_type_checking():
     _run_strict(_STRICT)
 
 
-@pytest.mark.xfail(strict=True, reason="needs the loops fixes for jax_numpy_rank_promotion="
-                   "'raise' and strict dtype promotion (issue #19, loops half)")
 def test_runtime_type_checking_derivatives():
     """The same configuration: a gradient, ``Solution.evaluate`` of dense output (weak step
     counters) and a ``jax.jvp``."""
