@@ -29,7 +29,7 @@ import numpy as np
 import optimistix as optx
 import pytest
 
-from _diffrax_problems import assert_close, checkpoint_adjoint
+from ._diffrax_problems import assert_close, checkpoint_adjoint
 
 RCA = diffrax.RecursiveCheckpointAdjoint()
 DIRECT = diffrax.DirectAdjoint()
@@ -146,9 +146,6 @@ def test_sde_virtual_brownian_tree_jvp(solver):
                  jvp(reference, DIRECT))
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="needs the reverse sweep of "
-                   "retrograde.while_loop to give carry leaves without tangent (here the step's "
-                   "time) symbolic-zero cotangents, as lax's JVP fixed point does (loops fix)")
 @SDE_SOLVERS
 def test_sde_virtual_brownian_tree_grad(solver):
     """Gradient against DirectAdjoint. The step's time has no derivative (the Brownian tree
