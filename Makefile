@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: demo test test-all bench clean
+.PHONY: demo test test-all bench compat clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,16 @@ test: $(STAMP)
 # Everything, the slow tests included.
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ''
+
+# Opt-in: JAX's and diffrax's own test suites with retrograde substituted (docs/drop-in.md).
+# make compat JAX_SRC=path/to/jax DIFFRAX_SRC=path/to/diffrax (either or both; checkouts at the
+# installed versions' tags). Long: about an hour per suite on 2 cores.
+JAX_SRC ?=
+DIFFRAX_SRC ?=
+compat:
+	$(MAKE) EXTRAS=test,compat $(VENV)/.installed-test-compat
+	$(VENV)/bin/python compat/run.py $(if $(JAX_SRC),--jax-src $(JAX_SRC)) \
+		$(if $(DIFFRAX_SRC),--diffrax-src $(DIFFRAX_SRC))
 
 bench: $(STAMP)
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b --quick || exit 1; done

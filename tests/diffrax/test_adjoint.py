@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from _diffrax_problems import assert_close, checkpoint_adjoint, inputs, loss, solve
+from ._diffrax_problems import assert_close, checkpoint_adjoint, inputs, loss, solve
 
 DIRECT = diffrax.DirectAdjoint()
 

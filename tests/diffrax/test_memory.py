@@ -13,7 +13,7 @@ import diffrax
 import pytest
 from retrograde.schedules import Online
 
-from _diffrax_problems import checkpoint_adjoint, second_order_temp_bytes
+from ._diffrax_problems import checkpoint_adjoint, second_order_temp_bytes
 
 MiB = 2**20
 

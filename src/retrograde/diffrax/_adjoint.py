@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools as ft
-import threading
 from typing import Any
 
 import diffrax
@@ -14,79 +12,29 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from ..loops import while_loop
+from ..schedules import default_schedule
 from ._buffers import bounded_while_loop, unwrap, wrap
+from ._private import with_replaced
 
 __all__ = ["CheckpointAdjoint"]
 
 
-def default_schedule(max_steps: int):
-    """``Online(s)`` with the fewest slots ``s`` such that ``(s + 1)(s + 2) / 2 >= max_steps``
-    (no step is run plainly more than twice when the solve takes ``max_steps`` steps): the rule
-    ``RecursiveCheckpointAdjoint`` uses for its default number of checkpoints, so the two use the
-    same memory and recomputation by default (about ``sqrt(2 max_steps)`` snapshots: 90 for
-    4096)."""
-    from ..schedules import Online, beta
-
-    s = 1
-    while beta(s, 2) < max_steps:
-        s += 1
-    return Online(s)
-
-
-class _StageKind(str):
-    """A Runge-Kutta ``scan_kind`` that reads ``"bounded"``, except while the first-order step is
-    traced (inside :func:`_first_order`), where it reads ``"checkpointed"``.
-
-    ``"bounded"`` stage loops are differentiable in every mode; ``"checkpointed"`` ones reverse
-    faster (a ``custom_vjp`` storing every stage) but are not forward- or twice-differentiable.
-    ``retrograde.while_loop`` runs the second version wherever it executes a step or its VJP,
-    and transforms only the first (``first_order_body_fun``).
-    """
-
-    _state = threading.local()
-
-    def __new__(cls):
-        return super().__new__(cls, "bounded")
-
-    @classmethod
-    def current(cls) -> str:
-        return "checkpointed" if getattr(cls._state, "fast", False) else "bounded"
-
-    def __eq__(self, other):
-        if isinstance(other, _StageKind):
-            return True
-        return isinstance(other, str) and self.current() == str(other)
-
-    def __ne__(self, other):
-        return not self == other
-
-    __hash__ = str.__hash__
-
-
-@contextlib.contextmanager
-def _first_order():
-    old = getattr(_StageKind._state, "fast", False)
-    _StageKind._state.fast = True
-    try:
-        yield
-    finally:
-        _StageKind._state.fast = old
-
-
 def outer_while_loop(
-    cond_fun, body_fun, init_val, *, max_steps, buffers=None, schedule=None, **_
+    cond_fun, body_fun, init_val, *, max_steps, buffers=None, schedule=None,
+    first_order_body_fun=None, **_
 ):
     """Run diffrax's step loop with ``retrograde.while_loop``.
 
     The loop sees a flat list of plain arrays. Buffer leaves (``buffers(init_val)``: SaveAt
-    outputs, dense output) are handed to the step as :class:`WriteOnly` wrappers, so that the
-    step's ``buffer_at_set(..., pred=...)`` writes are pure scatters that never read the buffer,
-    and passed to ``while_loop`` as its ``buffers`` (stored once, not in every snapshot).
+    outputs, dense output) are handed to the step as write-only buffers (:func:`wrap`), so that
+    the step's ``buffer_at_set(..., pred=...)`` writes are pure scatters that never read the
+    buffer, and passed to ``while_loop`` as its ``buffers`` (stored once, not in every snapshot).
     Non-array leaves (Python constants such as a static ``made_jump=False``) stay static.
+    ``first_order_body_fun``: the same step with faster-to-reverse stage loops, for the places
+    where the loop only runs steps or their VJPs (``while_loop``'s argument of that name).
     """
-    loop = while_loop
-    if schedule is None:
-        schedule = default_schedule(max_steps)
+    if schedule is None and max_steps is not None:
+        schedule = default_schedule(max_steps, online=True)
     leaves, treedef = jtu.tree_flatten(init_val)
     buf_ids = set()
     if buffers is not None:
@@ -124,20 +72,27 @@ def outer_while_loop(
     def flat_cond(dvals):
         return cond_fun(jtu.tree_unflatten(treedef, full(dvals)))
 
-    def flat_body(dvals):
-        new = _out_leaves(body_fun(_wrap_tree(full(dvals))))
-        return [jnp.asarray(new[k]).astype(dt) for k, dt in zip(dyn_idx, dtypes)]
+    def flat(step):
+        def flat_step(dvals):
+            new = _out_leaves(step(_wrap_tree(full(dvals))))
+            return [_as_dtype(new[k], dt) for k, dt in zip(dyn_idx, dtypes)]
 
-    def first_order_body(dvals):
-        with _first_order():
-            return flat_body(dvals)
+        return flat_step
 
     buf_pos = [j for j, k in enumerate(dyn_idx) if is_buf[k]]
     flat_buffers = (lambda dvals: [dvals[j] for j in buf_pos]) if buf_pos else None
-
-    final = loop(flat_cond, flat_body, init_dyn, schedule=schedule, max_steps=max_steps,
-                 buffers=flat_buffers, first_order_body_fun=first_order_body)
+    fast = None if first_order_body_fun is None else flat(first_order_body_fun)
+    final = while_loop(flat_cond, flat(body_fun), init_dyn, schedule=schedule,
+                       max_steps=max_steps, buffers=flat_buffers, first_order_body_fun=fast)
     return jtu.tree_unflatten(treedef, full(final))
+
+
+def _as_dtype(x, dtype):
+    """``x`` as an array of ``dtype``; a weakly typed ``x`` of that dtype stays weak (as
+    ``lax.while_loop`` keeps it: diffrax's step counters are weak, and strict dtype promotion
+    lets a weak int64 meet int32)."""
+    x = jnp.asarray(x)
+    return x if x.dtype == dtype else x.astype(dtype)
 
 
 def inner_while_loop(cond_fun, body_fun, init_val, *, max_steps, buffers=None, **_):
@@ -165,19 +120,22 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
     Args:
         schedule: the ``retrograde.while_loop`` schedule. ``Online(s)`` keeps ``s`` snapshots
             of the solver state (save buffers are stored once, not in snapshots), placed as steps
-            arrive. Default: :func:`default_schedule` -- ``Online(s)`` with
+            arrive. Default: ``retrograde.schedules.default_schedule(max_steps, online=True)`` -- ``Online(s)`` with
             ``(s + 1)(s + 2) / 2 >= max_steps``, the memory and recomputation of
-            ``RecursiveCheckpointAdjoint``'s default. Pass e.g. ``Online(16)`` for less memory
-            (more recomputation).
+            ``RecursiveCheckpointAdjoint``'s default (``Online(16)`` if ``max_steps=None``).
+            Pass e.g. ``Online(16)`` for less memory (more recomputation).
 
-    Requires ``diffeqsolve(..., max_steps=int)`` (the default 4096 is fine: memory does not
-    depend on it). Runge-Kutta stage loops run as bounded ``lax.scan`` loops (``scan_kind=
-    "bounded"``, as ``DirectAdjoint`` does) wherever the step is transformed (``jvp``, second
-    and higher order), and as diffrax's faster checkpointed loops wherever a step or its VJP is
-    only executed (the forward pass, recomputation, first-order reverse sweeps; see
-    ``while_loop``'s ``first_order_body_fun``), unless the solver sets ``scan_kind`` itself;
-    ``SaveAt(ts=...)`` save loops run the saves a step makes, then evaluate the saved values in
-    one vectorised pass (see ``bounded_while_loop``).
+    ``diffeqsolve(..., max_steps=None)`` is differentiable too (``RecursiveCheckpointAdjoint``
+    then is not): memory never depends on ``max_steps``. Runge-Kutta stage loops run as bounded
+    loops (``scan_kind="bounded"``, as ``DirectAdjoint`` does; an SRK's as ``"lax"``) wherever
+    the step is transformed (``jvp``, second and higher order), and as diffrax's faster
+    checkpointed loops wherever a step or its VJP is only executed (the forward pass,
+    recomputation, first-order reverse sweeps; see ``while_loop``'s ``first_order_body_fun``):
+    the two are diffrax's step built twice, once around each version of the solver, unless the
+    solver sets ``scan_kind`` itself. ``SaveAt(ts=...)`` save loops run the saves a step makes,
+    then evaluate the saved values in one vectorised pass (see ``bounded_while_loop``). A
+    progress meter's state gets no derivative. Save buffers subclass equinox's private buffer
+    type, so diffrax's runtime type annotations accept them (see ``_private.py``).
 
     Example:
         >>> import diffrax, jax, jax.numpy as jnp
@@ -204,44 +162,81 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
         **kwargs,
     ):
         del throw, passed_solver_state, passed_controller_state
-        if max_steps is None:
-            raise ValueError(
-                "retrograde.diffrax.CheckpointAdjoint needs diffeqsolve(..., max_steps=int); the "
-                "memory used does not depend on it, only on the schedule."
-            )
         if _is_unsafe_sde(terms):
             raise ValueError(
                 "CheckpointAdjoint does not support UnsafeBrownianPath: the step must be "
                 "recomputable."
             )
-        if isinstance(solver, _rk_classes()) and getattr(solver, "scan_kind", None) is None:
-            solver = eqx.tree_at(
-                lambda s: s.scan_kind, solver, _StageKind(), is_leaf=lambda x: x is None
-            )
+        kinds = _stage_kinds(solver)
+        fast_solver = None
+        if kinds is not None:
+            general, fast = kinds
+            fast_solver = eqx.tree_at(lambda s: s.scan_kind, solver, fast, is_leaf=_is_none)
+            solver = eqx.tree_at(lambda s: s.scan_kind, solver, general, is_leaf=_is_none)
+        kwargs["progress_meter"] = _Undifferentiated(kwargs["progress_meter"])
         return self._loop(
             **kwargs,
             solver=solver,
             max_steps=max_steps,
             terms=terms,
             inner_while_loop=inner_while_loop,
-            outer_while_loop=ft.partial(outer_while_loop, schedule=self.schedule),
+            outer_while_loop=ft.partial(_outer_loop, schedule=self.schedule, solver=solver,
+                                        fast_solver=fast_solver),
         )
 
 
-def _rk_classes():
-    classes = [diffrax.AbstractRungeKutta]
-    srk = getattr(diffrax, "AbstractSRK", None)
-    if srk is not None:
-        classes.append(srk)
-    return tuple(classes)
+def _outer_loop(cond_fun, body_fun, init_val, *, solver, fast_solver, **kwargs):
+    """:func:`outer_while_loop`, given as ``first_order_body_fun`` diffrax's step with
+    ``fast_solver`` in place of ``solver`` (if the step closes over ``solver``)."""
+    fast = None
+    if fast_solver is not None:
+        fast = with_replaced(body_fun, solver, fast_solver)
+    return outer_while_loop(cond_fun, body_fun, init_val, first_order_body_fun=fast, **kwargs)
+
+
+class _Undifferentiated(diffrax.AbstractProgressMeter):
+    """A progress meter whose steps see no derivatives: ``step`` gets its state and progress
+    through ``lax.stop_gradient``. A meter's state is for display and its value never reaches
+    the solution, but the loop differentiates the whole step (diffrax's meters use
+    ``unvmap_max``, which has no derivative rule); ``RecursiveCheckpointAdjoint`` sees these
+    derivatives as symbolic zeros."""
+
+    meter: diffrax.AbstractProgressMeter
+
+    def init(self):
+        return self.meter.init()
+
+    def step(self, state, progress):
+        state, progress = jax.lax.stop_gradient((state, progress))
+        return self.meter.step(state, progress)
+
+    def close(self, state):
+        return self.meter.close(state)
+
+
+def _is_none(x) -> bool:
+    return x is None
+
+
+def _stage_kinds(solver) -> tuple[str, str] | None:
+    """``(general, fast)`` stage-loop kinds for a solver whose ``scan_kind`` is unset: the
+    general one is differentiable in every mode (a Runge-Kutta method's ``"bounded"`` loop, an
+    SRK's ``"lax"`` scan of its fixed number of stages), the fast one is diffrax's
+    ``"checkpointed"`` loop, a ``custom_vjp``. None if the solver has none or sets it."""
+    if not isinstance(solver, (diffrax.AbstractRungeKutta, diffrax.AbstractSRK)):
+        return None
+    if solver.scan_kind is not None:
+        return None
+    if isinstance(solver, diffrax.AbstractSRK):
+        return "lax", "checkpointed"
+    return "bounded", "checkpointed"
 
 
 def _is_unsafe_sde(terms) -> bool:
-    try:
-        from diffrax._adjoint import is_unsafe_sde
-    except ImportError:  # pragma: no cover
-        return False
-    return is_unsafe_sde(terms)
+    """Whether ``terms`` contain a ``diffrax.UnsafeBrownianPath`` (whose samples a recomputed
+    step would not reproduce)."""
+    is_unsafe = lambda x: isinstance(x, diffrax.UnsafeBrownianPath)  # noqa: E731
+    return any(is_unsafe(x) for x in jtu.tree_leaves(terms, is_leaf=is_unsafe))
 
 
 CheckpointAdjoint.__init__.__doc__ = """**Arguments:** schedule (a retrograde schedule or None)."""

@@ -15,13 +15,14 @@ row's cotangent and leaves the buffer's cotangent alone (no O(buffer) zeroing pe
 
 from __future__ import annotations
 
+from typing import Any
+
 import equinox as eqx
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
-from equinox.internal._loop.common import _Buffer  # diffrax dispatches on this type
-
+from ._private import Buffer
 from ._write_once import write_once
 
 __all__ = ["WriteOnly", "bounded_while_loop", "is_write_only", "unwrap", "wrap"]
@@ -63,7 +64,7 @@ def _write(array, item, x, pred, kwargs):
     return write_once(array, i.astype(jnp.int32)[None], x[None])
 
 
-class WriteOnly(_Buffer):
+class WriteOnly(Buffer):
     """A plain array seen as a write-once buffer: supports ``.at[i].set(x, pred=p)`` (a pure
     scatter, dropped when ``p`` is false) and, for diffrax's bookkeeping, ``shape``/``dtype``.
 
@@ -145,10 +146,14 @@ def _select(pred, new, old):
     return jnp.where(pred, new, old)
 
 
-class _Recorder(_Buffer):
+class _Recorder(Buffer):
     """Stands for a buffer inside one iteration of :func:`bounded_while_loop`: it records the one
     write ``(index, value, pred)`` the iteration makes, instead of carrying the buffer through
-    the loop. (A buffer carried through a ``scan`` would count as read by the outer step.)"""
+    the loop. (A buffer carried through a ``scan`` would count as read by the outer step.)
+    ``_array`` is the buffer itself, there only for diffrax's type annotations (never read or
+    written); ``_record`` is the write, or None."""
+
+    _record: Any = None
 
     def __getitem__(self, item):
         raise RuntimeError(
@@ -183,7 +188,7 @@ class _RecorderItem:
                 f"retrograde.diffrax: buffer writes with keyword arguments {sorted(kwargs)} are "
                 "not supported."
             )
-        if rec._array is not None:
+        if rec._record is not None:
             raise NotImplementedError(
                 "retrograde.diffrax: an inner-loop iteration wrote the same buffer twice."
             )
@@ -193,9 +198,9 @@ class _RecorderItem:
                 "retrograde.diffrax: an inner-loop buffer write needs a scalar index on the "
                 f"leading axis, got {self._item!r}."
             )
-        shape, dtype = rec._tag
-        x = jnp.broadcast_to(jnp.asarray(x, dtype), shape)
-        return _Recorder((jnp.asarray(i, jnp.int32), x, pred), rec._pred, rec._tag, False)
+        array = rec._array
+        x = jnp.broadcast_to(jnp.asarray(x, array.dtype), array.shape[1:])
+        return _Recorder(array, rec._pred, None, False, (jnp.asarray(i, jnp.int32), x, pred))
 
 
 def bounded_while_loop(cond_fun, body_fun, init_val, *, max_steps: int, buffers=None, **_):
@@ -261,7 +266,7 @@ class _Loop:
         for k, v in zip(self.dyn_idx, dyn_vals):
             out[k] = v
         for k, b in zip(self.buf_idx, self.bufs):
-            out[k] = _Recorder(None, True, (b.shape[1:], b.dtype), False)
+            out[k] = _Recorder(b, True, None, False)
         return jtu.tree_unflatten(self.treedef, out)
 
     def live(self, dyn_vals):
@@ -272,7 +277,7 @@ class _Loop:
         None) per buffer; the index is out of bounds (``len(buffer) + j``) unless ``ok`` and the
         write's own predicate hold."""
         out = self.body_fun(self.rebuild(dyn_vals))
-        out_leaves, out_tree = jtu.tree_flatten(out, is_leaf=lambda x: isinstance(x, _Buffer))
+        out_leaves, out_tree = jtu.tree_flatten(out, is_leaf=lambda x: isinstance(x, Buffer))
         if out_tree != self.treedef:
             raise TypeError(
                 "retrograde.diffrax: an inner loop's body changed the structure of its carry "
@@ -284,10 +289,10 @@ class _Loop:
             rec = out_leaves[k]
             if not isinstance(rec, _Recorder):
                 raise TypeError("retrograde.diffrax: an inner loop replaced a buffer.")
-            if rec._array is None:  # this buffer is never written by the body
+            if rec._record is None:  # this buffer is never written by the body
                 rows.append(None)
                 continue
-            i, x, p = rec._array
+            i, x, p = rec._record
             write = ok if p is True else jnp.logical_and(ok, p)
             rows.append((x, jnp.where(write, i, b.shape[0] + j)))
         return new_dyn, rows
