@@ -27,6 +27,7 @@ from jax import lax
 from . import _machine as machine
 from ._body import Body, is_float
 from ..schedules._online import online_decisions
+from ._offload import Offload, Segments
 from ._placement import store_slot
 from ._plan import Plan
 
@@ -41,15 +42,21 @@ def _put(buffers, values, n):
     return [lax.dynamic_update_index_in_dim(b, v, n, 0) for b, v in zip(buffers, values)]
 
 
-def _load(slots, k, cur):
+def _load(slots, k, cur, off: Offload | None = None, step=None):
     """The state in slot ``k``, or ``cur`` if ``k < 0`` (a select, not a conditional: a
-    conditional that passes a loop's state through copies it)."""
+    conditional that passes a loop's state through copies it). With ``off``, slots from
+    ``off.n_device`` on are offloaded: their state (``u_step``) is fetched from its store."""
+    if off is not None:
+        k, cur = off.fetch(k, cur, step)
     got = _slice(slots, jnp.maximum(k, 0))
     return [jnp.where(k >= 0, g, c) for g, c in zip(got, cur)]
 
 
-def _store(slots, k, values):
-    """``slots`` with ``values`` in slot ``k`` (unchanged if ``k < 0``), in place."""
+def _store(slots, k, values, off: Offload | None = None, step=None):
+    """``slots`` with ``values`` in slot ``k`` (unchanged if ``k < 0``), in place. With ``off``,
+    an offloaded slot's state (``u_step``) goes to its store instead."""
+    if off is not None:
+        k = off.keep(k, values, step)
     j = jnp.maximum(k, 0)
     old = _slice(slots, j)
     return _put(slots, [jnp.where(k >= 0, v, o) for v, o in zip(values, old)], j)
@@ -101,10 +108,11 @@ def _confined(seeds, sweep, zero, axes):
 
 
 def forward(body: Body, length: int, consts, carry, xs, plan: Plan | None = None, *,
-            ys: bool = True, slots=None, unroll=1, batched=False):
+            ys: bool = True, slots=None, unroll=1, batched=False, off: Offload | None = None):
     """Run all ``N = length`` steps. Returns ``(carry_N, ys, snaps)``: the stacked per-step
     outputs (none unless ``ys``), and with a ``plan`` its snapshots, ``S`` rows of each stored
-    carry leaf (written into ``slots`` if given) followed by the stored leaves of ``u_{N-1}``."""
+    carry leaf (written into ``slots`` if given) followed by the stored leaves of ``u_{N-1}``.
+    Snapshots of offloaded slots go to the store of ``off`` (required if the plan has some)."""
     n = plan.length if plan is not None else length
     step = body.runner(batched)
     ys_buf = _zeros(body.y_avals, (n,)) if ys else []
@@ -115,8 +123,12 @@ def forward(body: Body, length: int, consts, carry, xs, plan: Plan | None = None
         carry, ys_buf, slots, ptr = state
         if plan is not None:
             hit = steps[ptr] == i
+            k, keep = where[ptr], hit
+            if off is not None:  # an offloaded slot's snapshot goes to its store
+                k = off.keep(k, body.snapshot(carry), i, hit)
+                keep = hit & (k >= 0)
             slots = lax.cond(
-                hit, lambda s: _put(s, body.snapshot(carry), where[ptr]), lambda s: list(s), slots
+                keep, lambda s: _put(s, body.snapshot(carry), k), lambda s: list(s), slots
             )
             ptr = ptr + hit.astype(i32)
         new, y = step(consts, carry, _slice(xs, i))
@@ -150,13 +162,15 @@ def _decisions(n_slots: int, max_steps):
 
 
 def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry, save: bool,
-                  axes=()):
+                  axes=(), layout=None):
     """Run ``while cond(carry) and n < max_steps: carry = body(carry)``; with ``save``, place
     snapshots by the ``Online`` rule as steps arrive. Returns ``(carry_N, N, slots, held)``:
     ``S`` rows of each stored carry leaf and int32[S] held steps (``-1`` empty). Under ``vmap``
-    (``axes``) the loop runs while any element goes on."""
-    held = jnp.full((n_slots,), -1, i32)
-    slots = _zeros(body.snapshot_avals, (n_slots,)) if save else []
+    (``axes``) the loop runs while any element goes on. With a two-level ``layout``
+    (``Online(s, slow=...)``) the snapshots go to the offloaded slots of a new store: ``slots`` is
+    then its handle alone, and ``held`` has one entry per offloaded slot."""
+    held = jnp.full((n_slots if layout is None else layout.n_offloaded,), -1, i32)
+    slots = _zeros(body.snapshot_avals, (n_slots,)) if save and layout is None else []
     limit = jnp.iinfo(jnp.int32).max if max_steps is None else max_steps
     step = body.runner(bool(axes))
 
@@ -179,29 +193,31 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
     if not save:
         n, carry, _, _ = run(None, go, state)
         return carry, n, [], held
-    table = _decisions(n_slots, max_steps)
+    off = Offload.open(layout, n_device=0) if layout is not None else None
+    table = _decisions(held.shape[0], max_steps)
     m = table.shape[0]
-    state = run(lambda *a: _place_from(table, *a), lambda st: go(st) & (st[0] < m), state)
+    state = run(lambda *a: _place_from(table, *a, off=off), lambda st: go(st) & (st[0] < m),
+                state)
     if max_steps is None or max_steps > m:  # beyond the table: evaluate the rule
-        state = run(_place_by_rule, go, state)
+        state = run(lambda *a: _place_by_rule(*a, off=off), go, state)
     n, carry, slots, held = state
-    return carry, n, slots, held
+    return carry, n, slots if off is None else [off.handle], held
 
 
-def _stored(n, k, snap, slots, held):
-    """``u_n`` in slot ``k`` (nothing if ``k < 0``)."""
+def _stored(n, k, snap, slots, held, off=None):
+    """``u_n`` in slot ``k`` (nothing if ``k < 0``); with ``off``, in its store."""
     held = jnp.where(k >= 0, held.at[jnp.maximum(k, 0)].set(n), held)
-    return _store(slots, k, snap), held
+    return _store(slots, k, snap, off, n), held
 
 
-def _place_from(table, n, snap, slots, held):
+def _place_from(table, n, snap, slots, held, off=None):
     """Store ``u_n`` where the ``Online`` rule puts it, read off ``table``."""
-    return _stored(n, table[jnp.minimum(n, table.shape[0] - 1)], snap, slots, held)
+    return _stored(n, table[jnp.minimum(n, table.shape[0] - 1)], snap, slots, held, off)
 
 
-def _place_by_rule(n, snap, slots, held):
+def _place_by_rule(n, snap, slots, held, off=None):
     """Store ``u_n`` where the ``Online`` rule puts it, evaluating the rule."""
-    return _stored(n, store_slot(n, held, held.shape[0]), snap, slots, held)
+    return _stored(n, store_slot(n, held, held.shape[0]), snap, slots, held, off)
 
 
 def advance_steps(body: Body, consts, carry, n_steps, batched=False):
@@ -233,8 +249,10 @@ class _Steps:
 
     ``cur`` holds the carry leaves that snapshots hold; write-only buffer leaves (``body.stored``
     False) are fed to the step as fixed zeros, since nothing the step computes depends on them, so
-    recomputation never carries (or writes) them.
+    recomputation never carries (or writes) them. ``off``: the sweep's offloaded slots, if any.
     """
+
+    off: Offload | None = None
 
     def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep, batched):
         self.body, self.consts, self.xs = body, consts, xs
@@ -295,9 +313,9 @@ class _Steps:
 
     def move(self, act, cur, slots):
         """Restore, advance, store (each only if the action asks)."""
-        cur = _load(slots, act.restore, cur)
+        cur = _load(slots, act.restore, cur, self.off, act.start)
         cur = self.advance(cur, act.start, act.stop)
-        return cur, _store(slots, act.store, cur)
+        return cur, _store(slots, act.store, cur, self.off, act.stop)
 
     def leaf_forward(self, act, idx, cur, slots):
         """A leaf's forward part: store every state from ``first`` on and advance to the last."""
@@ -417,19 +435,26 @@ def adjoint(body: Body, plan: Plan, consts, carry0, xs, snaps, carry_bar, ys_bar
     steps = _Steps(body, consts, xs, ys_bar, ymask, keep, bool(axes))
     ns = sum(body.stored)
 
-    def sweep(snaps):
+    def sweep(snaps, off=None):
+        steps.off = off
         kbar, cbar, xbar = _reverse(steps, _source(plan), snaps[ns:], snaps[:ns], carry_bar,
                                     consts_bar, xs_bar)
+        if off is not None:  # the last read of the store: release it
+            off.close()
         return cbar, kbar, xbar
 
     if snaps is not None:
-        return sweep(list(snaps))
+        snaps = list(snaps)
+        if plan.offload is None:
+            return sweep(snaps)
+        return sweep(snaps[:-1], Offload(plan.offload, snaps[-1]))
 
     def own():
         rows = _zeros_after(body.snapshot_avals, (plan.n_slots,), [*carry_bar, *carry0])
+        off = Offload.open(plan.offload) if plan.offload is not None else None
         _, _, laid = forward(body, plan.length, consts, carry0, xs, plan, ys=False, slots=rows,
-                             batched=bool(axes))
-        return sweep(laid)
+                             batched=bool(axes), off=off)
+        return sweep(laid, off)
 
     def zero():
         return consts_bar, [jnp.zeros_like(k) for k in carry_bar], xs_bar
@@ -438,15 +463,27 @@ def adjoint(body: Body, plan: Plan, consts, carry0, xs, snaps, carry_bar, ys_bar
 
 
 def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, ck, carry_bar,
-                  keep=None, axes=()):
+                  keep=None, axes=(), layout=None):
     """Reverse ``n_steps`` steps of a body without per-step inputs or outputs.
 
     From ``ck = (slots, held)`` (the forward sweep's snapshots) or, with ``ck is None``, after
     replaying the forward sweep's placement. The segments between held snapshots are reversed by
     the in-graph binomial machine. Returns cotangents of float consts and carry leaves.
+
+    With a two-level ``layout`` (``Online(n_slots, slow=...)``) the held snapshots are in a store
+    (``ck = ([handle], held)``): each segment's start is restored from it into one of the
+    ``n_slots`` device slots, which reverse the segment (:class:`._offload.Segments`).
     """
     consts_bar, _ = _cotangent_init(body, consts, [], keep)
     steps = _Steps(body, consts, [], [], (), keep, bool(axes))
+
+    def sweep_offloaded(handle, held):
+        steps.off = Offload(layout, handle)
+        rows = _zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0])
+        kbar, cbar, _ = _reverse(steps, Segments(n_slots, held, n_steps), body.snapshot(carry0),
+                                 rows, carry_bar, consts_bar, [])
+        steps.off.close()  # the last read of the store: release it
+        return cbar, kbar
 
     def sweep(slots, held):
         order = jnp.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held)).astype(i32)
@@ -457,27 +494,33 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
         return cbar, kbar
 
     if ck is not None:
+        if layout is not None:
+            return sweep_offloaded(ck[0][0], ck[1])
         return sweep(list(ck[0]), ck[1])
 
     def own():
-        table = _decisions(n_slots, max_steps)
+        n_held = n_slots if layout is None else layout.n_offloaded
+        off = Offload.open(layout, n_device=0) if layout is not None else None
+        table = _decisions(n_held, max_steps)
         m = table.shape[0]
 
         def replay(place):
             def one(n, state):
                 cur, slots, held = state
-                slots, held = place(n, cur, slots, held)
+                slots, held = place(n, cur, slots, held, off=off)
                 return steps.step(cur, n), slots, held
 
             return one
 
-        state = (body.snapshot(carry0),
-                 _zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
-                 jnp.full((n_slots,), -1, i32))
+        rows = [] if layout is not None else _zeros_after(body.snapshot_avals, (n_slots,),
+                                                          [*carry_bar, *carry0])
+        state = (body.snapshot(carry0), rows, jnp.full((n_held,), -1, i32))
         state = lax.fori_loop(0, jnp.minimum(n_steps, m), replay(
-            lambda *a: _place_from(table, *a)), state)
+            lambda *a, off: _place_from(table, *a, off=off)), state)
         if max_steps is None or max_steps > m:
             state = lax.fori_loop(m, n_steps, replay(_place_by_rule), state)
+        if layout is not None:
+            return sweep_offloaded(off.handle, state[2])
         return sweep(state[1], state[2])
 
     def zero():

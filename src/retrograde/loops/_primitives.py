@@ -49,6 +49,7 @@ from ..schedules import Schedule
 from . import _levels
 from ._body import Body, is_float, jvp_body, split
 from ._execute import adjoint, adjoint_while, advance_steps, forward
+from ._offload import Layout, Offload, release_with, stored_effects, two_level
 from ._plan import compile_plan
 
 fwd_p = Primitive("retrograde_forward")
@@ -57,6 +58,18 @@ adj_p = Primitive("retrograde_adjoint")
 for _p in (fwd_p, tan_p, adj_p):
     _p.multiple_results = True
     _p.def_impl(lambda *args, _p=_p, **params: dispatch.apply_primitive(_p, *args, **params))
+
+
+def _fwd_eager(*args, **params):
+    """``fwd_p`` run on its own: a store of offloaded snapshots is released with its handle if no
+    reverse sweep reads it first (e.g. after ``jax.jvp``, or a dropped ``jax.vjp`` function)."""
+    outs = dispatch.apply_primitive(fwd_p, *args, **params)
+    if params["save"] and params["extent"].offload is not None:
+        release_with(outs[-1])
+    return outs
+
+
+fwd_p.def_impl(_fwd_eager)
 
 
 # ----------------------------------------------------------------------------- static parameters
@@ -88,7 +101,7 @@ class Extent:
 
     @property
     def n_slots(self) -> int:
-        """Snapshot slots."""
+        """Snapshot slots (in device memory)."""
         if self.dynamic:
             return self.schedule.snapshots
         return compile_plan(self.schedule, self.length).n_slots
@@ -96,16 +109,29 @@ class Extent:
     def plan(self):
         return compile_plan(self.schedule, self.length)
 
+    @property
+    def offload(self) -> Layout | None:
+        """Where the slots live when some are outside device memory (host RAM, disk), else
+        ``None``; the snapshots then end with the int32 handle of their store."""
+        if self.dynamic:
+            return two_level(self.schedule)
+        return self.plan().offload
+
     def snapshot_avals(self, body: Body) -> list:
         """The snapshots: ``S`` rows of each stored carry leaf, then the stored leaves of
-        ``u_{N-1}`` (known count) or the int32 held steps (run-time count)."""
+        ``u_{N-1}`` (known count) or the int32 held steps (run-time count). With offloaded
+        slots, the handle of their store follows (known count) or replaces the rows (run-time
+        count, ``Online(s, slow=...)``: the held steps are those of the offloaded slots)."""
         rows = [_timed(a, self.n_slots) for a in body.snapshot_avals]
+        handle = [core.ShapedArray((), jnp.int32)] if self.offload is not None else []
         if self.dynamic:
+            if handle:
+                return handle + [core.ShapedArray((self.offload.n_offloaded,), jnp.int32)]
             return rows + [core.ShapedArray((self.n_slots,), jnp.int32)]
-        return rows + list(body.snapshot_avals)
+        return rows + list(body.snapshot_avals) + handle
 
     def n_snapshots(self, body: Body) -> int:
-        return sum(body.stored) + (1 if self.dynamic else sum(body.stored))
+        return len(self.snapshot_avals(body))
 
 
 # ----------------------------------------------------------------------------- input groups
@@ -282,22 +308,31 @@ def _adj_outs(body, extent, keep):
     return outs + _pick(xmask, _floats_of(xs, body.x_avals))
 
 
-def _abstract(outs_fn):
+def _abstract(outs_fn, stores):
+    """The abstract evaluation rule; ``stores(**params)``: whether the primitive reaches the
+    stores of offloaded slots (then it has their ordered effect)."""
+
     def rule(*args, body, levels, **params):
-        return _levels.batched_avals(outs_fn(body, **params), levels), body.effects
+        effs = body.effects
+        if stores(**params):
+            effs = effs | stored_effects(params["extent"].offload)
+        return _levels.batched_avals(outs_fn(body, **params), levels), effs
 
     return rule
 
 
 fwd_p.def_effectful_abstract_eval(
-    _abstract(lambda body, extent, save: _fwd_outs(body, extent, save)))
+    _abstract(lambda body, extent, save: _fwd_outs(body, extent, save),
+              lambda extent, save: save))
 tan_p.def_effectful_abstract_eval(
     lambda *a, body, extent, has_snaps, masks, levels: (
         _levels.batched_avals(_tan_outs(body, extent, masks), levels),
-        jvp_body(body, *masks)[0].effects,
+        jvp_body(body, *masks)[0].effects
+        | (stored_effects(extent.offload) if has_snaps else set()),
     ))
 adj_p.def_effectful_abstract_eval(
-    _abstract(lambda body, extent, has_snaps, ymask, keep: _adj_outs(body, extent, keep)))
+    _abstract(lambda body, extent, has_snaps, ymask, keep: _adj_outs(body, extent, keep),
+              lambda **params: True))
 
 
 # ----------------------------------------------------------------------------- lowering
@@ -306,13 +341,18 @@ adj_p.def_effectful_abstract_eval(
 def _fwd_impl(args, body, extent, save, axes):
     a = FwdArgs.of(args, body)
     plan = extent.plan() if save else None
+    off = Offload.open(plan.offload) if plan is not None and plan.offload is not None else None
     carry, ys, snaps = forward(body, extent.length, a.consts, a.carry, a.xs, plan,
-                               unroll=extent.unroll, batched=bool(axes))
-    return [*carry, *ys, *snaps]
+                               unroll=extent.unroll, batched=bool(axes), off=off)
+    return [*carry, *ys, *snaps, *([off.handle] if off is not None else [])]
 
 
 def _tan_impl(args, body, extent, has_snaps, masks, axes):
     a = TanArgs.of(args, body, extent, has_snaps, masks)
+    if has_snaps and extent.offload is not None:
+        # The tangent loop never reads the snapshots (they are there for its transpose, which
+        # would have replaced it): a tangent that runs is their last holder, so it releases them.
+        Offload(extent.offload, a.snaps[-2 if extent.dynamic else -1]).close()
     child, _, _ = jvp_body(body, *masks)
     consts, carry = [*a.consts, *a.dconsts], [*a.carry, *a.dcarry]
     if extent.dynamic:
@@ -329,7 +369,7 @@ def _adj_impl(args, body, extent, has_snaps, ymask, keep, axes):
         snaps = (a.snaps[:-1], a.snaps[-1]) if has_snaps else None
         cbar, kbar = adjoint_while(body, extent.n_slots, extent.max_steps, a.steps[0], a.consts,
                                    a.carry, snaps,
-                                   a.carry_bar, keep, axes)
+                                   a.carry_bar, keep, axes, extent.offload)
         return [*cbar, *kbar]
     cbar, kbar, xbar = adjoint(body, extent.plan(), a.consts, a.carry, a.xs,
                                a.snaps if has_snaps else None, a.carry_bar, a.ys_bar, ymask,
@@ -661,6 +701,26 @@ def _adj_dce(used_outputs, eqn):
 pe.dce_rules[adj_p] = _adj_dce
 
 
+def _fwd_dce(used_outputs, eqn):
+    """Snapshots in host stores that nothing reads (a forward-mode program) are not laid: the
+    forward sweep then opens no store (it would stay open, unread)."""
+    params = eqn.params
+    body, extent = params["body"], params["extent"]
+    n = body.nk + body.ny
+    if params["save"] and extent.offload is not None and not any(used_outputs[n:]):
+        levels = tuple(dataclasses.replace(lv, out_axes=lv.out_axes[:n])
+                       for lv in params["levels"])
+        eqn = eqn.replace(params=dict(params, save=False, levels=levels),
+                          outvars=eqn.outvars[:n], effects=body.effects)
+        used_outputs = used_outputs[:n]
+    if not any(used_outputs) and not eqn.effects:
+        return [False] * len(eqn.invars), None
+    return [True] * len(eqn.invars), eqn
+
+
+pe.dce_rules[fwd_p] = _fwd_dce
+
+
 # ----------------------------------------------------------------------------- batching
 
 
@@ -690,7 +750,8 @@ def _fwd_out_axes(data, dims, *, body, extent, save):
     d = FwdArgs.of(dims, body)
     carry_b, ys_b = carry_fixpoint(body.jaxpr, data, _b(d.consts), _b(d.carry), _b(d.xs), body.nk)
     snaps = 2 * _axes(_pick(body.stored, carry_b)) if save else []
-    return _axes(carry_b) + _axes(ys_b) + snaps
+    handle = [None] if save and extent.offload is not None else []
+    return _axes(carry_b) + _axes(ys_b) + snaps + handle
 
 
 def _unbatched_steps(dims):

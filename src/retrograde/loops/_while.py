@@ -17,6 +17,7 @@ predicate is evaluated once per forward step and never in the reverse sweep.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 from jax import tree_util
 from jax._src import core, dispatch
 from jax._src.interpreters import ad, mlir
+from jax._src.interpreters import partial_eval as pe
 from jax.extend.core import Primitive, jaxpr_as_fun
 
 from ..schedules import Online, Schedule
@@ -36,6 +38,7 @@ from ._carry import (
     step_cache, trace_carry, with_weak_types,
 )
 from ._execute import forward_while
+from ._offload import release_with, stored_effects
 from ._primitives import Extent, _zero, apply_tangent, carry_fixpoint
 
 T = TypeVar("T")
@@ -46,7 +49,18 @@ DEFAULT_SNAPSHOTS = 16
 
 wfwd_p = Primitive("retrograde_while")
 wfwd_p.multiple_results = True
-wfwd_p.def_impl(lambda *args, **params: dispatch.apply_primitive(wfwd_p, *args, **params))
+
+
+def _eager(*args, **params):
+    """``wfwd_p`` run on its own: as ``_primitives._fwd_eager``, an offloaded store that no
+    reverse sweep reads is released with its handle."""
+    outs = dispatch.apply_primitive(wfwd_p, *args, **params)
+    if params["save"] and params["extent"].offload is not None:
+        release_with(outs[-2])
+    return outs
+
+
+wfwd_p.def_impl(_eager)
 
 
 def _outs(body, extent, save):
@@ -55,7 +69,8 @@ def _outs(body, extent, save):
 
 
 def _abstract(*args, body, cond, extent, save, levels):
-    return _levels.batched_avals(_outs(body, extent, save), levels), body.effects | cond.effects
+    effs = body.effects | cond.effects | (stored_effects(extent.offload) if save else set())
+    return _levels.batched_avals(_outs(body, extent, save), levels), effs
 
 
 wfwd_p.def_effectful_abstract_eval(_abstract)
@@ -67,7 +82,7 @@ def _lowered(*args, body, cond, extent, save, levels):
     def run(*args):
         c, k = split(args, [body.nc, body.nk])
         carry, n, slots, held = forward_while(body, cond, extent.n_slots, extent.max_steps, c, k,
-                                              save, axes)
+                                              save, axes, extent.offload)
         return [*carry, n, *slots, *([held] if save else [])]
 
     return _levels.vmapped(run, levels)(*args)
@@ -100,12 +115,33 @@ def _out_axes(data, dims, *, body, cond, extent, save):
     carry_b, _ = carry_fixpoint(body.jaxpr, data, [d is not None for d in dc],
                                 [d is not None for d in dk], [], body.nk)
     out = [0 if b else None for b in carry_b] + [None]
-    if save:
+    if save and extent.offload is not None:  # the handle of the store and the held steps
+        out += [None, None]
+    elif save:
         out += [0 if b else None for b, st in zip(carry_b, body.stored) if st] + [None]
     return out
 
 
 _levels.batcher(wfwd_p, _out_axes)
+
+
+def _dce(used_outputs, eqn):
+    """As ``_primitives._fwd_dce``: offloaded snapshots that nothing reads are not laid."""
+    params = eqn.params
+    body, extent = params["body"], params["extent"]
+    n = body.nk + 1
+    if params["save"] and extent.offload is not None and not any(used_outputs[n:]):
+        levels = tuple(dataclasses.replace(lv, out_axes=lv.out_axes[:n])
+                       for lv in params["levels"])
+        eqn = eqn.replace(params=dict(params, save=False, levels=levels),
+                          outvars=eqn.outvars[:n], effects=body.effects | params["cond"].effects)
+        used_outputs = used_outputs[:n]
+    if not any(used_outputs) and not eqn.effects:
+        return [False] * len(eqn.invars), None
+    return [True] * len(eqn.invars), eqn
+
+
+pe.dce_rules[wfwd_p] = _dce
 
 
 def while_loop(

@@ -43,7 +43,8 @@ from ._actions import Action, End, Free, Record, Restore, Store
 from ._base import Level, OnlineRun, OnlineSchedule, check_snapshots, check_steps
 from ._revolve import reverse_held
 
-__all__ = ["Online", "online_decisions", "online_store_slot", "online_targets", "segment_cost"]
+__all__ = ["Online", "online_decisions", "online_store_slot", "online_targets", "reverse_segments",
+           "segment_cost"]
 
 
 def _t(n: int, s: int) -> int:
@@ -290,6 +291,8 @@ def online_decisions(snapshots: int, n_steps: int) -> tuple[int, ...]:
 
 
 class _OnlineRun(OnlineRun):
+    level = 0  # the level the placement rule stores on
+
     def __init__(self, snapshots: int):
         self._placement = _Placement(snapshots)
         self._next = 0
@@ -309,8 +312,8 @@ class _OnlineRun(OnlineRun):
             return ()
         k, old = decision
         if old < 0:
-            return (Store(n, k, 0),)
-        return (Free(old, k, 0), Store(n, k, 0))
+            return (Store(n, k, self.level),)
+        return (Free(old, k, self.level), Store(n, k, self.level))
 
     def reverse(self, n_steps: int) -> Iterator[Action]:
         n_steps = check_steps(n_steps)
@@ -322,10 +325,50 @@ class _OnlineRun(OnlineRun):
                 f"n_steps must be {self._next}."
             )
         self._reversed = True
-        return reverse_held(tuple(self._placement.held), n_steps)
+        return self._reversal(tuple(self._placement.held), n_steps)
+
+    def _reversal(self, held, n_steps):
+        return reverse_held(held, n_steps)
 
 
-@dataclasses.dataclass(frozen=True)
+class _TwoLevelRun(_OnlineRun):
+    """``Online(s, slow=...)``: the rule places on the slow level (1); each segment is reversed
+    with the ``s`` slots of level 0."""
+
+    level = 1
+
+    def __init__(self, snapshots: int, slow_slots: int):
+        super().__init__(slow_slots)
+        self._fast = snapshots
+
+    def _reversal(self, held, n_steps):
+        return reverse_segments(held, n_steps, self._fast)
+
+
+def reverse_segments(held: Sequence[int], n_steps: int, fast: int) -> Iterator[Action]:
+    """Reverse ``n_steps`` steps from the snapshots ``held`` on level 1 (per slot, ``-1`` empty),
+    last segment first: restore the segment's start from level 1, store it in slot 0 of level 0
+    and reverse the segment with Revolve and the ``fast`` slots of level 0.
+
+    Example:
+        >>> from retrograde.schedules import Level, execute
+        >>> acts = list(reverse_segments([0, 3], 5, 2))
+        >>> acts[:3]
+        [Restore(step=3, slot=1, level=1), Store(step=3, slot=0, level=0), Restore(step=3, slot=0, level=0)]
+    """
+    end = n_steps
+    for start, slot in sorted(((p, k) for k, p in enumerate(held) if p >= 0), reverse=True):
+        yield Restore(start, slot, 1)
+        yield Store(start, 0, 0)
+        for action in reverse_held((start,) + (-1,) * (fast - 1), end):
+            if type(action) is not End:
+                yield action
+        yield Free(start, slot, 1)
+        end = start
+    yield End()
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
 class Online(OnlineSchedule):
     """Checkpointing for a loop whose step count is unknown until it stops, ``s`` slots.
 
@@ -338,27 +381,59 @@ class Online(OnlineSchedule):
     evaluations of ``t`` when it stores nothing and ``O(s)`` when it stores (the held set's costs
     are cached); the decisions are exactly those of :func:`online_store_slot`.
 
+    **Two levels** (``slow=Level(h, ...)``, e.g. host RAM or disk for a compiled loop): the rule
+    places up to ``h`` snapshots on the slow level (level 1) instead; the reversal restores each
+    segment's start from there into slot 0 of level 0 and reverses the segment with Revolve and
+    the ``snapshots`` slots of level 0 (:func:`reverse_segments`). Cost: ``N`` plain forward,
+    ``sum_i t(L_i, snapshots)`` plain to reverse (segments ``L_i`` between the held snapshots)
+    and ``N`` recorded; on the slow level one write per placement and one read per segment; on
+    level 0 one write per segment plus Revolve's. The placement is the one-level rule for ``h``
+    slots, tuned for segments reversed with ``h - i`` slots, not ``snapshots``: how far that is
+    from the offline two-level optimum is measured in ``docs/offload.md``.
+
     Args:
-        snapshots: slots for snapshots, the one holding the initial state included (``>= 1``).
+        snapshots: slots for snapshots, the one holding the initial state included (``>= 1``);
+            with ``slow``, the level-0 slots that reverse each segment.
+        slow: an optional second, slower level with a slot count, holding the placed snapshots.
 
     Example:
         >>> from retrograde.schedules import Online, simulate, revolve_optimum
         >>> stats = simulate(Online(16), 1000)
         >>> stats.peak_slots, stats.evaluations, revolve_optimum(1000, 16) + 1000
         ((16,), 3866, 3860)
+        >>> two = Online(4, slow=Level(32, write_cost=1, read_cost=1, storage="host"))
+        >>> simulate(two, 1000).peak_slots
+        (4, 32)
     """
 
     snapshots: int
+    slow: Level | None = None
 
     def __post_init__(self):
         check_snapshots(self.snapshots, "Online(snapshots=...)")
+        if self.slow is not None:
+            if not isinstance(self.slow, Level):
+                raise TypeError(f"Online(slow=...) must be a Level, got {self.slow!r}.")
+            if self.slow.slots is None:
+                raise ValueError(
+                    "Online(slow=Level(None, ...)): the slow level needs a slot count, e.g. "
+                    "Level(64, storage='host'); the online rule fills every slot it has."
+                )
+
+    def __repr__(self):
+        slow = "" if self.slow is None else f", slow={self.slow!r}"
+        return f"Online(snapshots={self.snapshots}{slow})"
 
     @property
     def levels(self) -> tuple[Level, ...]:
-        return (Level(self.snapshots, name="memory"),)
+        if self.slow is None:
+            return (Level(self.snapshots, name="memory"),)
+        return (Level(self.snapshots, name="device"), self.slow)
 
     def start(self) -> OnlineRun:
-        return _OnlineRun(self.snapshots)
+        if self.slow is None:
+            return _OnlineRun(self.snapshots)
+        return _TwoLevelRun(self.snapshots, self.slow.slots)
 
 
 def _totals(snapshots: int, n_max: int) -> list[int]:
