@@ -27,7 +27,7 @@ from jax import lax
 from . import _machine as machine
 from ._body import Body, is_float
 from ..schedules._online import online_decisions
-from ._offload import Offload, Segments
+from ._offload import Offload, Segments, thinning_slot
 from ._placement import store_slot
 from ._plan import Plan
 
@@ -193,15 +193,17 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
     if not save:
         n, carry, _, _ = run(None, go, state)
         return carry, n, [], held
-    off = Offload.open(layout, n_device=0) if layout is not None else None
-    table = _decisions(held.shape[0], max_steps)
+    if layout is not None:  # Online(s, slow=...): thinning on the offloaded slots
+        off = Offload.open(layout, n_device=0)
+        n, carry, _, held = run(lambda *a: _place_thinned(*a, off=off), go, state)
+        return carry, n, [off.handle], held
+    table = _decisions(n_slots, max_steps)
     m = table.shape[0]
-    state = run(lambda *a: _place_from(table, *a, off=off), lambda st: go(st) & (st[0] < m),
-                state)
+    state = run(lambda *a: _place_from(table, *a), lambda st: go(st) & (st[0] < m), state)
     if max_steps is None or max_steps > m:  # beyond the table: evaluate the rule
-        state = run(lambda *a: _place_by_rule(*a, off=off), go, state)
+        state = run(_place_by_rule, go, state)
     n, carry, slots, held = state
-    return carry, n, slots if off is None else [off.handle], held
+    return carry, n, slots, held
 
 
 def _stored(n, k, snap, slots, held, off=None):
@@ -210,14 +212,19 @@ def _stored(n, k, snap, slots, held, off=None):
     return _store(slots, k, snap, off, n), held
 
 
-def _place_from(table, n, snap, slots, held, off=None):
+def _place_from(table, n, snap, slots, held):
     """Store ``u_n`` where the ``Online`` rule puts it, read off ``table``."""
-    return _stored(n, table[jnp.minimum(n, table.shape[0] - 1)], snap, slots, held, off)
+    return _stored(n, table[jnp.minimum(n, table.shape[0] - 1)], snap, slots, held)
 
 
-def _place_by_rule(n, snap, slots, held, off=None):
+def _place_by_rule(n, snap, slots, held):
     """Store ``u_n`` where the ``Online`` rule puts it, evaluating the rule."""
-    return _stored(n, store_slot(n, held, held.shape[0]), snap, slots, held, off)
+    return _stored(n, store_slot(n, held, held.shape[0]), snap, slots, held)
+
+
+def _place_thinned(n, snap, slots, held, off):
+    """Store ``u_n`` where ``Online(s, slow=...)``'s thinning rule puts it, in ``off``'s store."""
+    return _stored(n, thinning_slot(n, held), snap, slots, held, off)
 
 
 def advance_steps(body: Body, consts, carry, n_steps, batched=False):
@@ -498,32 +505,34 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
             return sweep_offloaded(ck[0][0], ck[1])
         return sweep(list(ck[0]), ck[1])
 
+    def replay(place):
+        def one(n, state):
+            cur, slots, held = state
+            slots, held = place(n, cur, slots, held)
+            return steps.step(cur, n), slots, held
+
+        return one
+
+    def own_offloaded():
+        off = Offload.open(layout, n_device=0)
+        state = (body.snapshot(carry0), [], jnp.full((layout.n_offloaded,), -1, i32))
+        state = lax.fori_loop(0, n_steps, replay(
+            lambda *a: _place_thinned(*a, off=off)), state)
+        return sweep_offloaded(off.handle, state[2])
+
     def own():
-        n_held = n_slots if layout is None else layout.n_offloaded
-        off = Offload.open(layout, n_device=0) if layout is not None else None
-        table = _decisions(n_held, max_steps)
+        table = _decisions(n_slots, max_steps)
         m = table.shape[0]
-
-        def replay(place):
-            def one(n, state):
-                cur, slots, held = state
-                slots, held = place(n, cur, slots, held, off=off)
-                return steps.step(cur, n), slots, held
-
-            return one
-
-        rows = [] if layout is not None else _zeros_after(body.snapshot_avals, (n_slots,),
-                                                          [*carry_bar, *carry0])
-        state = (body.snapshot(carry0), rows, jnp.full((n_held,), -1, i32))
+        state = (body.snapshot(carry0),
+                 _zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
+                 jnp.full((n_slots,), -1, i32))
         state = lax.fori_loop(0, jnp.minimum(n_steps, m), replay(
-            lambda *a, off: _place_from(table, *a, off=off)), state)
+            lambda *a: _place_from(table, *a)), state)
         if max_steps is None or max_steps > m:
             state = lax.fori_loop(m, n_steps, replay(_place_by_rule), state)
-        if layout is not None:
-            return sweep_offloaded(off.handle, state[2])
         return sweep(state[1], state[2])
 
     def zero():
         return consts_bar, [jnp.zeros_like(k) for k in carry_bar]
 
-    return _confined(list(carry_bar), own, zero, axes)
+    return _confined(list(carry_bar), own if layout is None else own_offloaded, zero, axes)

@@ -577,6 +577,18 @@ def stored_effects(layout: Layout | None) -> set:
 # ----------------------------------------------------------------------------- two-level Online
 
 
+def thinning_slot(n, held):
+    """The jnp twin of :func:`retrograde.schedules._online.thinning_slot` (int32; ``held``:
+    int32[h] steps per slot, ``-1`` empty): the slot for ``u_n``, or ``-1``."""
+    h = held.shape[0]
+    powers = jnp.left_shift(i32(1), jnp.arange(31, dtype=i32))
+    spacing = powers[jnp.argmax(n // powers <= h - 1)]
+    big = jnp.iinfo(jnp.int32).max
+    key = jnp.where(held < 0, -1, jnp.where(held % spacing != 0, held, big))
+    k = jnp.argmin(key).astype(i32)
+    return jnp.where((n % spacing == 0) & (key[k] < big), k, -1)
+
+
 class Segments:
     """Macro-actions (:mod:`._machine`) reversing the segments between offloaded snapshots, last
     first: for each, a ``MOVE`` restoring its start ``u_a`` from its offloaded slot into device
