@@ -172,7 +172,10 @@ def while_loop(
         schedule: ``retrograde.schedules.Online(snapshots)`` (default ``Online(16)``): at most
             ``snapshots`` states are kept, placed as steps arrive; the reversal is the binomial one
             between them. Total evaluations are within a few percent of the offline optimum for the
-            number of steps actually taken (see ``benchmarks/schedules.py``).
+            number of steps actually taken (see ``benchmarks/schedules.py``). ``Online(snapshots,
+            slow=Level(h, storage="host"))`` (or ``"disk"``) places up to ``h`` snapshots in host
+            RAM (or a temporary file) and reverses each segment between them with ``snapshots``
+            device slots (``docs/offload.md``).
         max_steps: optional cap on the number of steps (as in diffrax).
         buffers: optional ``val -> pytree`` selecting leaves of ``val`` (the same objects) that
             are write-only buffers, e.g. saved outputs: each step may write them
@@ -224,6 +227,12 @@ def _while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers, firs
             f"{where}: schedule must be retrograde.schedules.Online(snapshots) (the "
             f"step count is unknown until the loop ends), got {schedule!r}. For a known step "
             "count use retrograde.scan or retrograde.fori_loop with an offline schedule."
+        )
+    if schedule.slow is not None and schedule.slow.storage == "device":
+        raise ValueError(
+            f"{where}: schedule={schedule!r} keeps its slow level in device memory; in a compiled "
+            "loop the slow level of Online(snapshots, slow=...) must live outside it: give it "
+            "storage='host' or storage='disk' (or use Online(snapshots) with more slots)."
         )
     if max_steps is not None:
         max_steps = check_steps(max_steps, f"{where}: max_steps")
