@@ -27,7 +27,7 @@ from jax import lax
 from . import _machine as machine
 from ._body import Body, is_float
 from ..schedules._online import online_decisions
-from ._offload import Offload, Segments, thinning_slot
+from ._offload import Offload, Segments, tags_of, thinning_slot
 from ._placement import store_slot
 from ._plan import Plan
 
@@ -168,7 +168,8 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
     ``S`` rows of each stored carry leaf and int32[S] held steps (``-1`` empty). Under ``vmap``
     (``axes``) the loop runs while any element goes on. With a two-level ``layout``
     (``Online(s, slow=...)``) the snapshots go to the offloaded slots of a new store: ``slots`` is
-    then its handle alone, and ``held`` has one entry per offloaded slot."""
+    then its handle and the tags of the stored leaves (:func:`._offload.tags_of`), and ``held``
+    has one entry per offloaded slot."""
     held = jnp.full((n_slots if layout is None else layout.n_offloaded,), -1, i32)
     slots = _zeros(body.snapshot_avals, (n_slots,)) if save and layout is None else []
     limit = jnp.iinfo(jnp.int32).max if max_steps is None else max_steps
@@ -196,7 +197,7 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
     if layout is not None:  # Online(s, slow=...): thinning on the offloaded slots
         off = Offload.open(layout, n_device=0)
         n, carry, _, held = run(lambda *a: _place_thinned(*a, off=off), go, state)
-        return carry, n, [off.handle], held
+        return carry, n, [off.handle, *tags_of(body.snapshot(carry))], held
     table = _decisions(n_slots, max_steps)
     m = table.shape[0]
     state = run(lambda *a: _place_from(table, *a), lambda st: go(st) & (st[0] < m), state)
@@ -444,6 +445,8 @@ def adjoint(body: Body, plan: Plan, consts, carry0, xs, snaps, carry_bar, ys_bar
 
     def sweep(snaps, off=None):
         steps.off = off
+        if off is not None:  # the stored snapshots are batched as u_{N-1} is
+            off.tags = tags_of(snaps[ns:])
         kbar, cbar, xbar = _reverse(steps, _source(plan), snaps[ns:], snaps[:ns], carry_bar,
                                     consts_bar, xs_bar)
         if off is not None:  # the last read of the store: release it
@@ -478,14 +481,14 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
     the in-graph binomial machine. Returns cotangents of float consts and carry leaves.
 
     With a two-level ``layout`` (``Online(n_slots, slow=...)``) the held snapshots are in a store
-    (``ck = ([handle], held)``): each segment's start is restored from it into one of the
+    (``ck = ([handle, *tags], held)``): each segment's start is restored from it into one of the
     ``n_slots`` device slots, which reverse the segment (:class:`._offload.Segments`).
     """
     consts_bar, _ = _cotangent_init(body, consts, [], keep)
     steps = _Steps(body, consts, [], [], (), keep, bool(axes))
 
-    def sweep_offloaded(handle, held):
-        steps.off = Offload(layout, handle)
+    def sweep_offloaded(handle, held, tags):
+        steps.off = Offload(layout, handle, tags)
         rows = _zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0])
         kbar, cbar, _ = _reverse(steps, Segments(n_slots, held, n_steps), body.snapshot(carry0),
                                  rows, carry_bar, consts_bar, [])
@@ -502,7 +505,7 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
 
     if ck is not None:
         if layout is not None:
-            return sweep_offloaded(ck[0][0], ck[1])
+            return sweep_offloaded(ck[0][0], ck[1], ck[0][1:])
         return sweep(list(ck[0]), ck[1])
 
     def replay(place):
@@ -518,7 +521,7 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
         state = (body.snapshot(carry0), [], jnp.full((layout.n_offloaded,), -1, i32))
         state = lax.fori_loop(0, n_steps, replay(
             lambda *a: _place_thinned(*a, off=off)), state)
-        return sweep_offloaded(off.handle, state[2])
+        return sweep_offloaded(off.handle, state[2], tags_of(state[0]))
 
     def own():
         table = _decisions(n_slots, max_steps)

@@ -414,24 +414,20 @@ def _get(handle, j, step, avals):
             f"retrograde: the snapshot of step {step} is missing from {where}: "
             + ("the slot is empty." if held is None else f"it holds step {held}.")
         )
-    out = []
     for i, (a, aval) in enumerate(zip(arrays, avals)):
-        if a.shape != aval.shape:
-            if a.shape != aval.shape[len(aval.shape) - a.ndim:]:
-                _close(handle)
-                raise SnapshotError(
-                    f"retrograde: the snapshot of step {step} in {run.layout.describe(int(j))} "
-                    f"has leaf {i} of shape {a.shape}, but the reverse sweep expects "
-                    f"{aval.shape} (a batched snapshot read by an unbatched sweep)."
-                )
-            a = np.broadcast_to(a, aval.shape)  # stored unbatched, read batched
-        out.append(a)
+        if a.shape != aval.shape or a.dtype != aval.dtype:
+            _close(handle)
+            raise SnapshotError(
+                f"retrograde: the snapshot of step {step} in {run.layout.describe(int(j))} has "
+                f"leaf {i} of {a.dtype}{list(a.shape)}, but the reverse sweep expects "
+                f"{aval.dtype}{list(aval.shape)}."
+            )
     seconds = time.perf_counter() - start
     with _LOCK:
         _add(_STATS.reads, lvl, 1)
         _add(_STATS.bytes_read, lvl, sum(a.nbytes for a in arrays))
         _add(_STATS.read_seconds, lvl, seconds)
-    return tuple(out)
+    return tuple(arrays)
 
 
 def _count_device(kind: str, layout: Layout, k) -> None:
@@ -452,18 +448,28 @@ for _p in (open_p, put_p, get_p, close_p):
     dispatch.prim_requires_devices_during_lowering.add(_p)
 
 _HANDLE = core.ShapedArray((), jnp.int32)
+
+
+def _untagged(tag):
+    """The value a tag stands for: a tag is an empty array ``(0, *shape)`` whose batching is the
+    batching of the stored snapshots of one leaf."""
+    return tag.update(shape=tag.shape[1:])
+
+
 open_p.def_effectful_abstract_eval(lambda *, layout: ([_HANDLE], {EFFECT}))
 put_p.def_effectful_abstract_eval(lambda *args, layout: ([], {EFFECT}))
-get_p.def_effectful_abstract_eval(lambda h, j, n, *like, layout: (list(like), {EFFECT}))
+get_p.def_effectful_abstract_eval(
+    lambda h, j, n, *tags, layout: ([_untagged(t) for t in tags], {EFFECT}))
 close_p.def_effectful_abstract_eval(lambda h: ([], {EFFECT}))
 
 
-def _lowering(make_callback, n_operands=None):
+def _lowering(make_callback, n_operands=lambda n_args: n_args):
     """A lowering that calls ``make_callback(avals_out, **params)`` on the host with the first
-    ``n_operands`` operands (all if ``None``), threading the effect's token."""
+    ``n_operands(len(args))`` operands (the tags are for typing only), threading the effect's
+    token."""
 
     def rule(ctx, *args, **params):
-        n = len(args) if n_operands is None else n_operands
+        n = n_operands(len(args))
         operands, avals_in = list(args[:n]), list(ctx.avals_in[:n])
         fun = make_callback(ctx.avals_out, **params)
         sharding = _callback._callback_op_sharding(ctx.module_context.axis_context, None,
@@ -480,59 +486,85 @@ def _lowering(make_callback, n_operands=None):
 mlir.register_lowering(open_p, _lowering(
     lambda avals, layout: lambda: (np.int32(_open(layout)),)), cacheable=False)
 mlir.register_lowering(put_p, _lowering(
-    lambda avals, layout: lambda h, j, n, *u: _put(h, j, n, u) or ()), cacheable=False)
+    lambda avals, layout: lambda h, j, n, *u: _put(h, j, n, u) or (),
+    lambda n_args: 3 + (n_args - 3) // 2), cacheable=False)
 mlir.register_lowering(get_p, _lowering(
-    lambda avals, layout: lambda h, j, n: _get(h, j, n, avals), n_operands=3), cacheable=False)
+    lambda avals, layout: lambda h, j, n: _get(h, j, n, avals), lambda n_args: 3),
+    cacheable=False)
 mlir.register_lowering(close_p, _lowering(lambda avals: lambda h: _close(h) or ()),
                        cacheable=False)
 
 
-def _unbatched_index(dims, n):
-    if any(d is not None for d in dims[:n]):
+def _unbatched_index(dims):
+    if any(d is not None for d in dims[:3]):
         raise NotImplementedError(
             "retrograde: an offloaded snapshot's slot and step must be the same for every batch "
             "element (they come from the schedule's tables)."
         )
 
 
-def _put_batched(args, dims, *, layout):
-    _unbatched_index(dims, 3)
-    values = [v if d is None else jnp.moveaxis(v, d, 0) for v, d in zip(args[3:], dims[3:])]
-    return put_p.bind(*args[:3], *values, layout=layout), []
+def _put_batched(data, args, dims, *, layout):
+    """One call stores the whole batch. A snapshot is stored with its tag's batching: a leaf
+    batched where its tag is not holds the same value in every batch element (the stored
+    snapshots of that leaf are not batched, so nothing the sweep reads from varies along that
+    axis): its first element is stored; a leaf unbatched where its tag is batched is broadcast."""
+    _unbatched_index(dims)
+    n = (len(args) - 3) // 2
+    values, tags = args[3 : 3 + n], args[3 + n :]
+    dv, dt = dims[3 : 3 + n], dims[3 + n :]
+    out = []
+    for v, d, t, e in zip(values, dv, tags, dt):
+        if d is not None and e is None:
+            v = lax.index_in_dim(v, 0, d, keepdims=False)
+        elif d is None and e is not None:
+            v = jnp.broadcast_to(v, (data.size, *v.shape))
+        elif d is not None:
+            v = jnp.moveaxis(v, d, 0)
+        out.append(v)
+    tags = [t if e is None else jnp.moveaxis(t, e, 1) for t, e in zip(tags, dt)]
+    return put_p.bind(*args[:3], *out, *tags, layout=layout), []
 
 
 def _get_batched(args, dims, *, layout):
-    _unbatched_index(dims, 3)
-    like = [v if d is None else jnp.moveaxis(v, d, 0) for v, d in zip(args[3:], dims[3:])]
-    outs = get_p.bind(*args[:3], *like, layout=layout)
+    _unbatched_index(dims)
+    tags = [t if d is None else jnp.moveaxis(t, d, 1) for t, d in zip(args[3:], dims[3:])]
+    outs = get_p.bind(*args[:3], *tags, layout=layout)
     return outs, [None if d is None else 0 for d in dims[3:]]
 
 
-batching.primitive_batchers[put_p] = _put_batched
+batching.fancy_primitive_batchers[put_p] = _put_batched
 batching.primitive_batchers[get_p] = _get_batched
 
 
 # ----------------------------------------------------------------------------- trace-time access
 
 
+def tags_of(values) -> list:
+    """Tags for the snapshots ``values`` (see :func:`_untagged`): empty, batched as they are."""
+    return [lax.slice_in_dim(jnp.expand_dims(v, 0), 0, 0, axis=0) for v in values]
+
+
 class Offload:
     """The offloaded slots of one run, inside a compiled sweep: slot numbers ``k >= n_device``
     are offloaded slot ``k - n_device`` of the store ``handle``; smaller ones are device slots.
 
-    Each transfer is a conditional on ``k`` (the schedule's tables make it unbatched), so a
-    device slot costs no host call.
+    ``tags`` (:func:`tags_of` the forward sweep's carry) say how the stored snapshots are
+    batched: a reverse sweep's state may be batched along more axes (a ``vmap`` of cotangents),
+    along which the snapshots do not vary. Each transfer is a conditional on ``k`` (the
+    schedule's tables make it unbatched), so a device slot costs no host call.
     """
 
-    def __init__(self, layout: Layout, handle, n_device: int | None = None):
+    def __init__(self, layout: Layout, handle, tags=None, n_device: int | None = None):
         self.layout = layout
         self.handle = handle
+        self.tags = tags
         self.n_device = layout.n_device if n_device is None else n_device
 
     @classmethod
     def open(cls, layout: Layout, n_device: int | None = None) -> Offload:
         """A new store (for a forward sweep that lays the snapshots)."""
         (handle,) = open_p.bind(layout=layout)
-        return cls(layout, handle, n_device)
+        return cls(layout, handle, None, n_device)
 
     def close(self) -> None:
         """Release the store (after the reverse sweep's last read)."""
@@ -542,7 +574,8 @@ class Offload:
         """``(k_device, cur)``: ``cur`` replaced by the state ``u_step`` of offloaded slot ``k``
         if ``k`` is one; ``k_device`` is ``k`` for a device slot, else ``-1``."""
         far = k >= self.n_device
-        cur = lax.cond(far, lambda c: get_p.bind(self.handle, k - self.n_device, step, *c,
+        tags = self.tags if self.tags is not None else tags_of(cur)
+        cur = lax.cond(far, lambda c: get_p.bind(self.handle, k - self.n_device, step, *tags,
                                                  layout=self.layout),
                        lambda c: list(c), list(cur))
         self._count("read", k)
@@ -552,7 +585,8 @@ class Offload:
         """Store ``values`` (the state ``u_step``) in offloaded slot ``k`` if ``k`` is one (and
         ``pred``); returns ``k`` for a device slot, else ``-1``."""
         far = (k >= self.n_device) & pred
-        lax.cond(far, lambda v: put_p.bind(self.handle, k - self.n_device, step, *v,
+        tags = self.tags if self.tags is not None else tags_of(values)
+        lax.cond(far, lambda v: put_p.bind(self.handle, k - self.n_device, step, *v, *tags,
                                            layout=self.layout),
                  lambda v: [], list(values))
         self._count("write", jnp.where(pred, k, -1))

@@ -121,14 +121,20 @@ class Extent:
         """The snapshots: ``S`` rows of each stored carry leaf, then the stored leaves of
         ``u_{N-1}`` (known count) or the int32 held steps (run-time count). With offloaded
         slots, the handle of their store follows (known count) or replaces the rows (run-time
-        count, ``Online(s, slow=...)``: the held steps are those of the offloaded slots)."""
+        count, ``Online(s, slow=...)``, with the stored leaves' tags: the held steps are those
+        of the offloaded slots)."""
         rows = [_timed(a, self.n_slots) for a in body.snapshot_avals]
         handle = [core.ShapedArray((), jnp.int32)] if self.offload is not None else []
         if self.dynamic:
-            if handle:
-                return handle + [core.ShapedArray((self.offload.n_offloaded,), jnp.int32)]
+            if handle:  # and the stored leaves' tags (``_offload.tags_of``)
+                return handle + [_timed(a, 0) for a in body.snapshot_avals] + [
+                    core.ShapedArray((self.offload.n_offloaded,), jnp.int32)]
             return rows + [core.ShapedArray((self.n_slots,), jnp.int32)]
         return rows + list(body.snapshot_avals) + handle
+
+    def handle_of(self, snaps):
+        """The handle of the offloaded snapshots' store among the snapshots."""
+        return snaps[0] if self.dynamic else snaps[-1]
 
     def n_snapshots(self, body: Body) -> int:
         return len(self.snapshot_avals(body))
@@ -352,7 +358,7 @@ def _tan_impl(args, body, extent, has_snaps, masks, axes):
     if has_snaps and extent.offload is not None:
         # The tangent loop never reads the snapshots (they are there for its transpose, which
         # would have replaced it): a tangent that runs is their last holder, so it releases them.
-        Offload(extent.offload, a.snaps[-2 if extent.dynamic else -1]).close()
+        Offload(extent.offload, extent.handle_of(a.snaps)).close()
     child, _, _ = jvp_body(body, *masks)
     consts, carry = [*a.consts, *a.dconsts], [*a.carry, *a.dcarry]
     if extent.dynamic:

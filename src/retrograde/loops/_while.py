@@ -56,7 +56,7 @@ def _eager(*args, **params):
     reverse sweep reads is released with its handle."""
     outs = dispatch.apply_primitive(wfwd_p, *args, **params)
     if params["save"] and params["extent"].offload is not None:
-        release_with(outs[-2])
+        release_with(outs[params["body"].nk + 1])
     return outs
 
 
@@ -115,8 +115,8 @@ def _out_axes(data, dims, *, body, cond, extent, save):
     carry_b, _ = carry_fixpoint(body.jaxpr, data, [d is not None for d in dc],
                                 [d is not None for d in dk], [], body.nk)
     out = [0 if b else None for b in carry_b] + [None]
-    if save and extent.offload is not None:  # the handle of the store and the held steps
-        out += [None, None]
+    if save and extent.offload is not None:  # the store's handle, the tags, the held steps
+        out += [None] + [0 if b else None for b, st in zip(carry_b, body.stored) if st] + [None]
     elif save:
         out += [0 if b else None for b, st in zip(carry_b, body.stored) if st] + [None]
     return out
