@@ -583,3 +583,41 @@ def test_peak_rss_below_the_disk_slots(tmp_path):
           f"{slots} disk slots hold {slots * 64} MiB")
     assert peak - base < slots * 64 * 2**20, (base, peak)
     assert os.listdir(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------- planner and CLI
+
+
+def test_plan_with_host_memory():
+    from retrograde.planner import format_table, plan
+
+    rows = plan(2000, memory="4MiB", state_size="1MiB", host_memory="32MiB", disk="1GiB")
+    row = next(r for r in rows if r.name.startswith("MultiLevel(4 dev, 32 host"))
+    stats = rs.simulate(row.schedule, 2000)
+    assert [lvl.storage for lvl in row.schedule.levels] == ["device", "host", "disk"]
+    assert (row.memory_slots, row.host_slots, row.disk_slots) == stats.peak_slots
+    assert row.host_slots <= 32 and row.host_bytes == row.host_slots * 2**20
+    assert row.cost == stats.cost and row.evaluations == stats.evaluations
+    assert row.plain < rs.revolve_optimum(2000, 4)  # the host level pays off
+    assert "peak host" in format_table(rows)
+    with pytest.raises(ValueError, match="state_size"):
+        plan(100, snapshots=4, host_memory="1GiB")
+    with pytest.raises(ValueError, match="host_write_cost"):
+        plan(100, memory="4MiB", state_size="1MiB", host_memory="8MiB", host_write_cost=-1)
+
+
+def test_cli_plan_host_memory_and_calibrate(capsys):
+    from retrograde.__main__ import main
+
+    assert main(["plan", "--steps", "1000", "--state-size", "1MiB", "--memory", "4MiB",
+                 "--host-memory", "64MiB", "--disk", "1GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "4 device slots" in out and "64 host slots" in out and "peak host" in out
+    assert "MultiLevel(4 dev, 64 host, 1024 disk)" in out
+    with pytest.raises(SystemExit):
+        main(["plan", "--steps", "100", "-s", "3", "--host-memory", "1GiB"])
+    assert "--host-memory needs --state-size" in capsys.readouterr().err
+    assert main(["calibrate", "--state-size", "64KiB", "--repeats", "2", "--step-time",
+                 "0.001"]) == 0
+    out = capsys.readouterr().out
+    assert "host  write" in out and "disk  write" in out and "--host-write-cost" in out
