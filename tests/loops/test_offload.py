@@ -28,6 +28,8 @@ from retrograde.loops import _offload, offload_stats, release_offloaded
 from retrograde.schedules import Level, MultiLevel, Online
 
 from . import _problems as P
+from .test_counts import CALLS, _count
+from .test_scan import STEPS, _vjp_program, _vjp_reference
 
 RTOL = 1e-12
 
@@ -74,41 +76,10 @@ def _moved(schedule):
 # ----------------------------------------------------------------------------- first order
 
 
-STEPS = (1, 2, 7, 30)
-
-
-def _vjp_program(scan):
-    def one(p, c0, xs, ct):
-        out, pullback = jax.vjp(lambda p, c0, xs: P.run(scan, p, c0, xs), p, c0, xs)
-        return out, pullback(ct)
-
-    return P.jit(lambda args: {n: one(*a) for n, a in args.items()})
-
-
-def _cotangent(tree, seed):
-    rng = np.random.default_rng(seed)
-
-    def one(x):
-        if jnp.issubdtype(x.dtype, jnp.inexact):
-            return jnp.asarray(rng.standard_normal(x.shape), x.dtype)
-        return np.zeros(x.shape, jax.dtypes.float0)
-
-    return jax.tree_util.tree_map(one, tree)
-
-
-@functools.cache
-def _vjp_reference():
-    args = {}
-    for n in STEPS:
-        p, c0, xs = P.params(), P.init(), P.xs(n)
-        shape = jax.eval_shape(functools.partial(P.run, P.lax_scan), p, c0, xs)
-        args[n] = (p, c0, xs, _cotangent(shape, seed=n))
-    return args, _vjp_program(P.lax_scan)(args)
-
-
 @pytest.mark.parametrize("name", list(OFFLINE))
 def test_vjp_every_plan_shape(name):
-    """Primal and VJP (carry and ys cotangents; parameters, init and xs) for N in ``STEPS``."""
+    """Primal and VJP (carry and ys cotangents; parameters, init and xs) for N in ``STEPS``, as
+    ``test_scan.test_vjp_every_schedule``."""
     schedule = OFFLINE[name]
     assert _moved(schedule), "the plan should move snapshots off the device"
     args, ref = _vjp_reference()
@@ -240,16 +211,6 @@ def test_while_batched_predicate_and_traced_fori_loop():
 
 
 # ----------------------------------------------------------------------------- counts
-
-CALLS: list[int] = []
-
-
-def _count(fun, *args) -> int:
-    CALLS.clear()
-    jax.block_until_ready(fun(*args))
-    jax.effects_barrier()
-    return len(CALLS)
-
 
 def _counted_scan_loss(schedule, n, theta, u0):
     def step(u, x):
@@ -395,21 +356,26 @@ def test_disk_files_are_never_visible(tmp_path):
                      offload_stats().held_bytes))
 
     sched = MultiLevel([Level(2), disk(None, directory=tmp_path)])
-
-    def L(t):
-        def step(u, x):
-            jax.debug.callback(look, ordered=False)
-            return u + 0.1 * jnp.sin(t * u) * x, None
-
-        return jnp.sum(retrograde.scan(step, jnp.ones(4), jnp.linspace(0.5, 1.5, 40),
-                                       schedule=sched)[0] ** 2)
-
-    jax.block_until_ready(jax.jit(jax.grad(L))(0.3))
+    jax.block_until_ready(_gradient_calling(sched, look)(0.3))
     jax.effects_barrier()
     assert all(names == [] for names, _, _ in seen)
     held = [(links, nbytes) for _, links, nbytes in seen if nbytes]
     assert held and all(links and all("(deleted)" in x for x in links) for links, _ in held)
     assert os.listdir(tmp_path) == []
+
+
+def _gradient_calling(sched, callback, ordered=False):
+    """The compiled gradient of a 40-step loop whose step calls ``callback`` on the host."""
+
+    def L(t):
+        def step(u, x):
+            jax.debug.callback(callback, ordered=ordered)
+            return u + 0.1 * jnp.sin(t * u) * x, None
+
+        return jnp.sum(retrograde.scan(step, jnp.ones(4), jnp.linspace(0.5, 1.5, 40),
+                                       schedule=sched)[0] ** 2)
+
+    return jax.jit(jax.grad(L))
 
 
 def _failing_program(sched, fail_at):
@@ -421,15 +387,7 @@ def _failing_program(sched, fail_at):
         if calls[0] == fail_at:
             raise RuntimeError("boom in the step")
 
-    def L(t):
-        def step(u, x):
-            jax.debug.callback(boom, ordered=False)
-            return u + 0.1 * jnp.sin(t * u) * x, None
-
-        return jnp.sum(retrograde.scan(step, jnp.ones(4), jnp.linspace(0.5, 1.5, 40),
-                                       schedule=sched)[0] ** 2)
-
-    return jax.jit(jax.grad(L))
+    return _gradient_calling(sched, boom)
 
 
 def test_exception_in_the_step_leaves_no_file(tmp_path):
@@ -495,16 +453,8 @@ def test_corrupted_disk_snapshot_is_an_error(tmp_path):
                     if getattr(store, "file", None) is not None:
                         os.pwrite(store.file.fileno(), b"\x7f" * 64, 0)
 
-    def L(t):
-        def step(u, x):
-            jax.debug.callback(corrupt, ordered=True)
-            return u + 0.1 * jnp.sin(t * u) * x, None
-
-        return jnp.sum(retrograde.scan(step, jnp.ones(4), jnp.linspace(0.5, 1.5, 40),
-                                       schedule=sched)[0] ** 2)
-
     with pytest.raises(Exception, match="checksum"):
-        jax.block_until_ready(jax.jit(jax.grad(L))(0.3))
+        jax.block_until_ready(_gradient_calling(sched, corrupt, ordered=True)(0.3))
     jax.effects_barrier()
     assert offload_stats().open_stores == 0  # a failed read releases its store
 
