@@ -257,16 +257,7 @@ def _budget(snapshots, memory, state_size, disk) -> tuple[int, int, int | None]:
         raise ValueError(
             "Give a budget: snapshots=... (slots), or memory=... with state_size=...."
         )
-    disk_slots = 0
-    if disk is not None:
-        if size is None:
-            raise ValueError("disk=... needs state_size=... (the bytes of one stored state).")
-        disk_slots = parse_size(disk, "disk") // size
-        if disk_slots < 1:
-            raise ValueError(
-                f"disk={disk!r} holds no state of state_size={state_size!r}; raise disk or drop it."
-            )
-    return slots, disk_slots, size
+    return slots, _level_slots(disk, "disk", size, state_size), size
 
 
 def _row_from_stats(name, schedule, stats, disk_write_cost, disk_read_cost) -> dict:
@@ -306,17 +297,17 @@ def _multilevel(slots: int, disk_slots: int | None, write: float, read: float) -
 HOST_COST = 0.5
 
 
-def _host_budget(host_memory, size, state_size) -> int:
-    """Host-RAM slots for ``host_memory`` (0 without it)."""
-    if host_memory is None:
+def _level_slots(budget, name: str, size, state_size) -> int:
+    """Slots of a slower level (disk, host RAM) for the budget ``name=budget`` (0 without it)."""
+    if budget is None:
         return 0
     if size is None:
-        raise ValueError("host_memory=... needs state_size=... (the bytes of one stored state).")
-    slots = parse_size(host_memory, "host_memory") // size
+        raise ValueError(f"{name}=... needs state_size=... (the bytes of one stored state).")
+    slots = parse_size(budget, name) // size
     if slots < 1:
         raise ValueError(
-            f"host_memory={host_memory!r} holds no state of state_size={state_size!r}; raise "
-            "host_memory or drop it."
+            f"{name}={budget!r} holds no state of state_size={state_size!r}; raise {name} or "
+            "drop it."
         )
     return slots
 
@@ -451,7 +442,7 @@ def plan_with_notes(
     host = (_check_cost(host_write_cost, "host_write_cost"),
             _check_cost(host_read_cost, "host_read_cost"))
     slots, disk_slots, size = _budget(snapshots, memory, state_size, disk)
-    host_slots = _host_budget(host_memory, size, state_size)
+    host_slots = _level_slots(host_memory, "host_memory", size, state_size)
 
     def nbytes(k: int) -> str:
         return f" ({format_size(k * size)})" if size is not None else ""

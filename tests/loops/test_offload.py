@@ -28,7 +28,8 @@ from retrograde.loops import _offload, offload_stats, release_offloaded
 from retrograde.schedules import Level, MultiLevel, Online
 
 from . import _problems as P
-from .test_counts import CALLS, _count
+from .test_counts import _count
+from .test_counts import _loss as _counted_scan_loss
 from .test_scan import STEPS, _vjp_program, _vjp_reference
 
 RTOL = 1e-12
@@ -211,15 +212,6 @@ def test_while_batched_predicate_and_traced_fori_loop():
 
 
 # ----------------------------------------------------------------------------- counts
-
-def _counted_scan_loss(schedule, n, theta, u0):
-    def step(u, x):
-        jax.debug.callback(lambda: CALLS.append(1), ordered=False)
-        return u + 0.1 * jnp.sin(theta * u) * x, jnp.sum(u)
-
-    u, ys = retrograde.scan(step, u0, jnp.linspace(0.5, 1.5, n), schedule=schedule)
-    return jnp.sum(u ** 2) + jnp.sum(ys)
-
 
 @pytest.mark.parametrize("name", ["disk_chain", "host_exact", "three_levels"])
 def test_counts_equal_simulate(name, monkeypatch):
