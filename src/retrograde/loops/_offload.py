@@ -603,6 +603,24 @@ class Offload:
         lax.cond((k >= 0) & (k < self.n_device), count, lambda k: None, k)
 
 
+def unread_snapshots_dce(used_outputs, eqn, n_kept: int, effects):
+    """The dead-code rule of a forward primitive (params ``save``, ``extent``, ``levels``) whose
+    outputs from ``n_kept`` on are its snapshots: offloaded snapshots that nothing reads (a
+    forward-mode program) are not laid, so no store is opened (it would stay open, unread);
+    ``effects``: the primitive's effects without ``save``."""
+    params = eqn.params
+    if params["save"] and params["extent"].offload is not None and not any(
+            used_outputs[n_kept:]):
+        levels = tuple(dataclasses.replace(lv, out_axes=lv.out_axes[:n_kept])
+                       for lv in params["levels"])
+        eqn = eqn.replace(params=dict(params, save=False, levels=levels),
+                          outvars=eqn.outvars[:n_kept], effects=effects)
+        used_outputs = used_outputs[:n_kept]
+    if not any(used_outputs) and not eqn.effects:
+        return [False] * len(eqn.invars), None
+    return [True] * len(eqn.invars), eqn
+
+
 def stored_effects(layout: Layout | None) -> set:
     """The effects a sweep with this layout adds."""
     return {EFFECT} if layout is not None else set()

@@ -49,7 +49,9 @@ from ..schedules import Schedule
 from . import _levels
 from ._body import Body, is_float, jvp_body, split
 from ._execute import adjoint, adjoint_while, advance_steps, forward
-from ._offload import Layout, Offload, release_with, stored_effects, two_level
+from ._offload import (
+    Layout, Offload, release_with, stored_effects, two_level, unread_snapshots_dce,
+)
 from ._plan import compile_plan
 
 fwd_p = Primitive("retrograde_forward")
@@ -112,7 +114,7 @@ class Extent:
     @property
     def offload(self) -> Layout | None:
         """Where the slots live when some are outside device memory (host RAM, disk), else
-        ``None``; the snapshots then end with the int32 handle of their store."""
+        ``None``; the snapshots then hold the int32 handle of their store (:meth:`handle_of`)."""
         if self.dynamic:
             return two_level(self.schedule)
         return self.plan().offload
@@ -708,20 +710,8 @@ pe.dce_rules[adj_p] = _adj_dce
 
 
 def _fwd_dce(used_outputs, eqn):
-    """Snapshots in host stores that nothing reads (a forward-mode program) are not laid: the
-    forward sweep then opens no store (it would stay open, unread)."""
-    params = eqn.params
-    body, extent = params["body"], params["extent"]
-    n = body.nk + body.ny
-    if params["save"] and extent.offload is not None and not any(used_outputs[n:]):
-        levels = tuple(dataclasses.replace(lv, out_axes=lv.out_axes[:n])
-                       for lv in params["levels"])
-        eqn = eqn.replace(params=dict(params, save=False, levels=levels),
-                          outvars=eqn.outvars[:n], effects=body.effects)
-        used_outputs = used_outputs[:n]
-    if not any(used_outputs) and not eqn.effects:
-        return [False] * len(eqn.invars), None
-    return [True] * len(eqn.invars), eqn
+    body = eqn.params["body"]
+    return unread_snapshots_dce(used_outputs, eqn, body.nk + body.ny, body.effects)
 
 
 pe.dce_rules[fwd_p] = _fwd_dce

@@ -17,7 +17,6 @@ predicate is evaluated once per forward step and never in the reverse sweep.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
@@ -38,7 +37,7 @@ from ._carry import (
     step_cache, trace_carry, with_weak_types,
 )
 from ._execute import forward_while
-from ._offload import release_with, stored_effects
+from ._offload import release_with, stored_effects, unread_snapshots_dce
 from ._primitives import Extent, _zero, apply_tangent, carry_fixpoint
 
 T = TypeVar("T")
@@ -126,19 +125,9 @@ _levels.batcher(wfwd_p, _out_axes)
 
 
 def _dce(used_outputs, eqn):
-    """As ``_primitives._fwd_dce``: offloaded snapshots that nothing reads are not laid."""
-    params = eqn.params
-    body, extent = params["body"], params["extent"]
-    n = body.nk + 1
-    if params["save"] and extent.offload is not None and not any(used_outputs[n:]):
-        levels = tuple(dataclasses.replace(lv, out_axes=lv.out_axes[:n])
-                       for lv in params["levels"])
-        eqn = eqn.replace(params=dict(params, save=False, levels=levels),
-                          outvars=eqn.outvars[:n], effects=body.effects | params["cond"].effects)
-        used_outputs = used_outputs[:n]
-    if not any(used_outputs) and not eqn.effects:
-        return [False] * len(eqn.invars), None
-    return [True] * len(eqn.invars), eqn
+    body = eqn.params["body"]
+    return unread_snapshots_dce(used_outputs, eqn, body.nk + 1,
+                                body.effects | eqn.params["cond"].effects)
 
 
 pe.dce_rules[wfwd_p] = _dce
