@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrograde import schedules
 from retrograde.__main__ import main
 from retrograde.planner import (
     Row,
@@ -118,8 +117,6 @@ def test_plan_rows_agree_with_the_simulator():
 
 @pytest.mark.parametrize("disk", ["8MiB", "64MiB", "1GiB"])
 def test_plan_disk_rows_fit_and_agree(disk):
-    if not hasattr(schedules, "MultiLevel"):
-        pytest.skip("no MultiLevel in this version")
     n = 400
     rows = plan(n, snapshots=6, state_size="1MiB", disk=disk, disk_write_cost=1.0,
                 disk_read_cost=1.0)
@@ -236,12 +233,9 @@ def test_cli_disk(capsys):
     out = capsys.readouterr().out
     assert "102 disk slots" in out
     assert "Revolve(10)" in out
-    if hasattr(schedules, "MultiLevel"):
-        line = next(ln for ln in out.splitlines() if ln.startswith("*"))
-        assert "MultiLevel(10 mem, 102 disk)" in line  # cheap disk beats recomputation
-        assert "peak disk" in out
-    else:
-        assert "MultiLevel" in out and "not in this version" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("*"))
+    assert "MultiLevel(10 mem, 102 disk)" in line  # cheap disk beats recomputation
+    assert "peak disk" in out
 
 
 def test_cli_plot(tmp_path, capsys):

@@ -28,9 +28,10 @@ import math
 import re
 from collections.abc import Sequence
 
-from . import schedules as _s
-from .schedules import Level, Periodic, RecomputeAll, Revolve, Schedule, StoreAll, simulate
-from .schedules._base import check_snapshots, check_steps
+from .schedules import (
+    Level, MultiLevel, Online, Periodic, RecomputeAll, Revolve, Schedule, StoreAll,
+    check_snapshots, check_steps, revolve_optimum, simulate,
+)
 
 __all__ = ["Row", "plan", "plan_with_notes", "parse_size", "format_size", "format_table", "plot_schedule"]
 
@@ -276,21 +277,12 @@ def _row_from_stats(name, schedule, stats, disk_write_cost, disk_read_cost) -> d
     )
 
 
-def _multilevel(slots: int, disk_slots: int | None, write: float, read: float) -> Schedule | None:
-    """A MultiLevel schedule (memory plus disk) if this version of retrograde has one."""
-    multi = getattr(_s, "MultiLevel", None)
-    if multi is None:
-        return None
-    levels = (
+def _multilevel(slots: int, disk_slots: int | None, write: float, read: float) -> MultiLevel:
+    """Memory (``slots``) plus disk (``disk_slots``, ``None`` for unlimited)."""
+    return MultiLevel([
         Level(slots, name="memory"),
         Level(disk_slots, write_cost=write, read_cost=read, name="disk", storage="disk"),
-    )
-    for build in (lambda: multi(levels=levels), lambda: multi(levels), lambda: multi(*levels)):
-        try:
-            return build()
-        except TypeError:
-            continue
-    return None
+    ])
 
 
 #: Default cost of moving one state to or from host RAM, in step evaluations.
@@ -345,20 +337,15 @@ def _offload_row(n: int, slots: int, host_slots: int, host: tuple, disk_slots: i
 def _best_multilevel(n: int, slots: int, disk_slots: int, write: float, read: float):
     """``(schedule, stats)`` of the cheapest memory-plus-disk schedule within ``disk_slots``.
 
-    The plan for an unlimited disk is tried first: when its peak disk use fits, it is at least
-    as cheap as any plan restricted to ``disk_slots``.
+    The schedule for an unlimited disk is tried first: when its peak disk use fits, it is at
+    least as cheap as any schedule restricted to ``disk_slots``.
     """
-    best = None
-    for limit in (None, disk_slots):
-        schedule = _multilevel(slots, limit, write, read)
-        if schedule is None:
-            return None
-        stats = simulate(schedule, n)
-        if sum(stats.peak_slots[1:]) <= disk_slots and (best is None or stats.cost < best[1].cost):
-            best = (schedule, stats)
-        if limit is None and best is not None:
-            break
-    return best
+    schedule = _multilevel(slots, None, write, read)
+    stats = simulate(schedule, n)
+    if sum(stats.peak_slots[1:]) <= disk_slots:
+        return schedule, stats
+    schedule = _multilevel(slots, disk_slots, write, read)
+    return schedule, simulate(schedule, n)
 
 
 def plan(
@@ -383,8 +370,8 @@ def plan(
             ``snapshots = floor(memory / state_size)``.
         state_size: bytes of one stored state (or a size such as ``"10MiB"``); needed with
             ``memory`` or ``disk``, and turns slot counts into bytes.
-        disk: an optional disk budget; adds a memory-plus-disk ``MultiLevel`` row when this
-            version has that schedule, with ``floor(disk / state_size)`` disk slots.
+        disk: an optional disk budget; adds a memory-plus-disk ``MultiLevel`` row with
+            ``floor(disk / state_size)`` disk slots.
         disk_write_cost, disk_read_cost: the cost of writing/reading one state to/from disk, in
             units of one step evaluation.
         host_memory: an optional host-RAM budget beside ``memory`` (then device memory) for
@@ -458,7 +445,7 @@ def plan_with_notes(
     # Revolve, with no more slots than it can use.
     s = max(1, min(slots, n - 1))
     if 1 < s < n - 1:  # with N - 1 slots Revolve is StoreAll
-        t = _s.revolve_optimum(n, s)
+        t = revolve_optimum(n, s)
         rows.append(dict(name=f"Revolve({s})", schedule=Revolve(s), plain=t, recorded=n,
                          cost=t + n, memory_slots=min(s, n)))
     # Periodic with the best period that fits.
@@ -473,17 +460,13 @@ def plan_with_notes(
         notes.append(f"Periodic needs at least {need:,} slots{nbytes(need)} for N = {n:,}.")
     # Memory plus disk.
     if disk_slots:
-        if getattr(_s, "MultiLevel", None) is None:
-            notes.append("MultiLevel (memory plus disk) is not in this version; disk unused.")
-        elif n > MULTILEVEL_LIMIT:
+        if n > MULTILEVEL_LIMIT:
             notes.append(f"MultiLevel is planned only up to N = {MULTILEVEL_LIMIT:,} here.")
         else:
-            found = _best_multilevel(n, slots, disk_slots, w, r)
-            if found is not None:
-                schedule, stats = found
-                rows.append(_row_from_stats(
-                    f"MultiLevel({slots} mem, {disk_slots} disk)", schedule, stats, w, r
-                ))
+            schedule, stats = _best_multilevel(n, slots, disk_slots, w, r)
+            rows.append(_row_from_stats(
+                f"MultiLevel({slots} mem, {disk_slots} disk)", schedule, stats, w, r
+            ))
     # Device plus host (plus disk), for the compiled loops.
     if host_slots:
         if n > MULTILEVEL_LIMIT:
@@ -491,14 +474,13 @@ def plan_with_notes(
         else:
             rows.append(_offload_row(n, slots, host_slots, host, disk_slots, (w, r)))
     # Online (for loops whose step count is not known in advance), for comparison.
-    online = getattr(_s, "Online", None)
-    if online is not None and s > 1:
+    if s > 1:
         if n * s > ONLINE_LIMIT:
             notes.append(
                 f"Online({s}) (unknown N) is simulated only for N * s <= {ONLINE_LIMIT:,}."
             )
         else:
-            schedule = online(s)
+            schedule = Online(s)
             stats = simulate(schedule, n)
             rows.append(_row_from_stats(f"Online({s})", schedule, stats, w, r))
     # Recompute everything from the initial state: one slot.

@@ -3,28 +3,27 @@
 x is time, counted in step evaluations (plain and recorded alike); y is the step index. Plain
 evaluations are thin lines going up, recorded evaluations (step plus adjoint) a thick line going
 down from ``N`` to ``0``, every snapshot store a dot at the stored step, colored by storage
-level, and (for up to 2000 steps) every restore a dotted jump in that level's color. Drawing uses line collections, so even long schedules render in seconds.
+level, and (for up to 2000 steps) every restore a dotted jump in that level's color. Drawing uses
+line collections, so even long schedules render in seconds.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 from .schedules import (
     Advance,
-    End,
-    Free,
+    Executor,
     OfflineSchedule,
     OnlineSchedule,
     Record,
     Restore,
     Schedule,
-    ScheduleError,
+    Simulator,
     Store,
-    execute,
+    check_steps,
+    schedule_stream,
 )
-from .schedules._base import check_steps
 
 __all__ = ["plot_schedule", "schedule_stream"]
 
@@ -34,27 +33,47 @@ PLOT_LIMIT = 1_000_000
 _LEVEL_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown")
 
 
-def schedule_stream(schedule: Schedule, n_steps: int) -> Iterator:
-    """The full action stream of ``schedule`` for ``n_steps`` steps, offline or online.
+class _Picture(Executor):
+    """The lines and dots of the picture, one action at a time (after the simulator has proven
+    the action valid). ``clock`` counts evaluations; ``pen`` is the step the picture is at."""
 
-    For an online schedule this plays its protocol: ``on_step(n)`` then ``Advance(n, n + 1)`` for
-    every step, then ``reverse(n_steps)``.
+    def __init__(self, n_levels: int):
+        self.advances: list[tuple[tuple[int, int], tuple[int, int]]] = []
+        self.rec_t: list[float] = []
+        self.rec_n: list[float] = []
+        self.stores: list[list[tuple[int, int]]] = [[] for _ in range(n_levels)]
+        self.restores: list[tuple[tuple[int, int], tuple[int, int]]] = []
+        self.restore_colors: list[str] = []
+        self.clock = 0
+        self.pen = 0
 
-    Example: ``list(schedule_stream(Revolve(3), 10))`` equals ``list(Revolve(3).actions(10))``.
-    """
-    if isinstance(schedule, OnlineSchedule):
-        run = schedule.start()
-        for n in range(n_steps):
-            for action in run.on_step(n):
-                if type(action) not in (Store, Free):
-                    raise ScheduleError(f"on_step({n}) returned {action}; only Store/Free allowed.")
-                yield action
-            yield Advance(n, n + 1)
-        yield from run.reverse(n_steps)
-    elif isinstance(schedule, OfflineSchedule):
-        yield from schedule.actions(n_steps)
-    else:
-        raise TypeError(f"schedule must be a Schedule such as Revolve(10), got {schedule!r}.")
+    def advance(self, action: Advance) -> None:
+        a, b = action
+        self.advances.append(((self.clock, a), (self.clock + b - a, b)))
+        self.clock += b - a
+        self.pen = b
+
+    def record(self, action: Record) -> None:
+        n, t = action.step, self.clock
+        if self.rec_t and self.rec_t[-1] != t:  # recomputation in between: break the line
+            self.rec_t.append(float("nan"))
+            self.rec_n.append(float("nan"))
+        if not self.rec_t or self.rec_t[-1] != t:
+            self.rec_t.append(t)
+            self.rec_n.append(n + 1)
+        self.rec_t.append(t + 1)
+        self.rec_n.append(n)
+        self.clock += 1
+        self.pen = n
+
+    def store(self, action: Store) -> None:
+        self.stores[action.level].append((self.clock, action.step))
+
+    def restore(self, action: Restore) -> None:
+        if action.step != self.pen:
+            self.restores.append(((self.clock, self.pen), (self.clock, action.step)))
+            self.restore_colors.append(_LEVEL_COLORS[action.level % len(_LEVEL_COLORS)])
+        self.pen = action.step
 
 
 def _label(schedule: Schedule) -> str:
@@ -88,7 +107,7 @@ def plot_schedule(
         ``(figure, stats)``: the matplotlib figure and the schedule's
         :class:`~retrograde.schedules.Stats`.
 
-    Cost: one pass over the schedule's actions; about a second per 10^5 steps.
+    Cost: one pass over the schedule's actions, then drawing them.
 
     Example:
         >>> from retrograde.schedules import Revolve
@@ -110,47 +129,13 @@ def plot_schedule(
     from matplotlib.lines import Line2D
 
     levels = schedule.levels
-    advances: list[tuple[tuple[int, int], tuple[int, int]]] = []
-    rec_t: list[float] = []
-    rec_n: list[float] = []
-    stores: list[list[tuple[int, int]]] = [[] for _ in levels]
-    restores: list[tuple[tuple[int, int], tuple[int, int]]] = []
-    restore_colors: list[str] = []
-    clock = 0
-    state = 0
-
-    def drawn() -> Iterator:
-        nonlocal clock, state
-        for action in schedule_stream(schedule, n_steps):
-            kind = type(action)
-            if kind is Advance:
-                a, b = action
-                advances.append(((clock, a), (clock + b - a, b)))
-                clock += b - a
-                state = b
-            elif kind is Record:
-                n = action.step
-                if rec_t and rec_t[-1] != clock:  # recomputation in between: break the line
-                    rec_t.append(float("nan"))
-                    rec_n.append(float("nan"))
-                if not rec_t or rec_t[-1] != clock:
-                    rec_t.append(clock)
-                    rec_n.append(n + 1)
-                rec_t.append(clock + 1)
-                rec_n.append(n)
-                clock += 1
-                state = n
-            elif kind is Store:
-                if 0 <= action.level < len(stores):
-                    stores[action.level].append((clock, action.step))
-            elif kind is Restore:
-                if action.step != state:
-                    restores.append(((clock, state), (clock, action.step)))
-                    restore_colors.append(_LEVEL_COLORS[action.level % len(_LEVEL_COLORS)])
-                state = action.step
-            yield action
-
-    stats = execute(drawn(), n_steps, levels)
+    sim, pic = Simulator(levels, n_steps), _Picture(len(levels))
+    for action in schedule_stream(schedule, n_steps):
+        sim.execute(action)  # raises ScheduleError if the schedule is invalid
+        pic.execute(action)
+    stats = sim.stats()
+    advances, rec_t, rec_n, stores = pic.advances, pic.rec_t, pic.rec_n, pic.stores
+    restores, restore_colors, clock = pic.restores, pic.restore_colors, pic.clock
 
     fig = Figure(figsize=figsize, dpi=dpi)
     FigureCanvasAgg(fig)

@@ -13,46 +13,21 @@ M = 5  # state size
 
 
 def schedule_list():
-    """Every schedule under test, as (id, schedule); MultiLevel/Online when they exist."""
-    out = [
+    """Every schedule under test, as (id, schedule)."""
+    return [
         ("StoreAll", rs.StoreAll()),
         ("Revolve3", rs.Revolve(3)),
         ("RecomputeAll", rs.RecomputeAll()),
         ("Periodic4", rs.Periodic(4)),
+        ("MultiLevel", multilevel()),
+        ("Online3", rs.Online(3)),
     ]
-    ml = multilevel()
-    if ml is not None:
-        out.append(("MultiLevel", ml))
-    on = online(3)
-    if on is not None:
-        out.append(("Online3", on))
-    return out
 
 
 def multilevel():
-    """MultiLevel with 2 memory slots and 3 disk slots, if the schedule exists yet."""
-    MultiLevel = getattr(rs, "MultiLevel", None)
-    if MultiLevel is None:
-        try:
-            from retrograde.schedules._multilevel import MultiLevel
-        except ImportError:
-            return None
-    Level = rs.Level
-    levels = (Level(2, name="memory"), Level(3, write_cost=0.5, read_cost=0.5, name="disk"))
-    try:
-        return MultiLevel(levels)
-    except TypeError:
-        return MultiLevel(levels=levels)
-
-
-def online(s):
-    Online = getattr(rs, "Online", None)
-    if Online is None:
-        try:
-            from retrograde.schedules._online import Online
-        except ImportError:
-            return None
-    return Online(s)
+    """MultiLevel with 2 memory slots and 3 disk slots."""
+    return rs.MultiLevel([rs.Level(2, name="memory"),
+                          rs.Level(3, write_cost=0.5, read_cost=0.5, name="disk")])
 
 
 def params0(seed=0):

@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 import retrograde.host as rh
 from retrograde import schedules as rs
+from retrograde.host._storage import OWNER_FILE
 
 DT, D, LOCAL, N = 0.1, 0.9, 6, 40
 
@@ -63,17 +64,15 @@ def main() -> int:
     directory = sys.argv[1] if len(sys.argv) > 1 else None
     ok = True
     results = []
-    schedules = [rs.Revolve(4)]
-    if hasattr(rs, "MultiLevel"):
-        schedules.append(rs.MultiLevel([rs.Level(2, name="memory"),
-                                        rs.Level(4, write_cost=1, read_cost=1, name="disk")]))
+    schedules = [rs.Revolve(4), rs.MultiLevel([rs.Level(2, name="memory"),
+                                               rs.Level(4, write_cost=1, read_cost=1, name="disk")])]
     for sched in schedules:
         storage = {i: rh.Disk(directory, comm=comm) if i == len(sched.levels) - 1
                    else rh.Memory() for i in range(len(sched.levels))}
         with rh.forward(step, u_glob[sl], k_glob[sl], N, schedule=sched, loss=LOSS,
                         storage=storage) as fp:
             disk = fp._stores[-1]
-            names = os.listdir(disk.path)
+            names = [nm for nm in os.listdir(disk.path) if nm != OWNER_FILE]
             if not names or not all(nm.startswith(f"r{rank}-step") for nm in names):
                 print(f"rank {rank}: bad snapshot names {names}", flush=True)
                 ok = False

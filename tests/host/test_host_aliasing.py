@@ -13,9 +13,11 @@ from hypothesis import strategies as st
 import retrograde.host as rh
 from retrograde import schedules as rs
 
-import _host_problems as P
+from . import _host_problems as P
 
-# ------------------------------------------------------------------ the three cases
+# ------------------------------------------------------------------ three aliasing cases
+# (1) a loss gradient returns the state and the vjp overwrites it; (2) the caller changes
+# fp.state; (3) a vjp writes into the cotangent it was handed.
 N10 = 10
 
 

@@ -13,7 +13,7 @@ import retrograde.host as rh
 from retrograde import schedules as rs
 from retrograde.host import _storage
 
-import _host_problems as P
+from . import _host_problems as P
 
 N = 6
 
@@ -92,7 +92,7 @@ def test_caller_arguments_are_checked():
             fp.vjp(np.ones(4, dtype=np.int64))
     with _raises(TypeError, "until at step 0", "shape (4,)", "bool"):
         rh.value_and_grad(rh.Step(_fwd, _vjp), FINAL, np.ones(4), 1.5, None,
-                          schedule=P.online(3), until=lambda n, u: u > 0)
+                          schedule=rs.Online(3), until=lambda n, u: u > 0)
     with _raises(ValueError, "Step.jvp at step 0", "next_state_dot of shape (2,)"):
         rh.jvp(rh.Step(_fwd, _vjp, jvp=lambda n, u, a, ud, ad: (_fwd(n, u, a), ud[:2])),
                np.ones(4), 1.5, 3)
@@ -139,3 +139,73 @@ def test_disk_directory_must_be_a_directory(tmp_path):
     with pytest.raises(NotADirectoryError, match="is a file"):
         rh.Disk(f / "below")
     rh.Disk(tmp_path / "new" / "deeper")  # created when a run starts
+
+
+class _Stream(rs.OfflineSchedule):
+    """An offline schedule that streams the given actions, on one level of two slots."""
+
+    def __init__(self, *actions):
+        self._actions = actions
+
+    @property
+    def levels(self):
+        return (rs.Level(2),)
+
+    def actions(self, n_steps):
+        return iter(self._actions)
+
+
+@pytest.mark.parametrize("actions, fragment, steps, adjoints", [
+    ((rs.Advance(1, 3),), "Advance(start=1, stop=3): the state at hand is 0, not 1", 0, 0),
+    ((rs.Store(0, 2),), "level 0 has slots 0..1", 0, 0),
+    ((rs.Store(0, 0), rs.Store(0, 0)), "slot 0 still holds state 0", 0, 0),
+    ((rs.Advance(0, N + 1),), f"must satisfy start < stop <= {N}", 0, 0),
+    # the first sweep ends at the first Record; the driver goes on to u_N (N steps in all)
+    ((rs.Advance(0, N - 2), rs.Record(N - 2)), f"the next step to record is {N - 1}", N, 0),
+    ((rs.Advance(0, N - 1), rs.Record(N - 1), rs.Record(N - 2)), "state at hand is None", N, 1),
+    ((rs.Advance(0, N - 1), rs.Record(N - 1), rs.End()), f"End() before step {N - 2}", N, 1),
+])
+def test_the_simulator_checks_every_action_before_the_driver_runs_it(actions, fragment, steps,
+                                                                     adjoints):
+    """The driver executes an action only once the simulator has: an invalid one raises
+    ScheduleError with the simulator's message, and runs no step (nor adjoint)."""
+    calls = {"forward": 0, "vjp": 0}
+
+    def forward(n, u, a):
+        calls["forward"] += 1
+        return _fwd(n, u, a)
+
+    def vjp(n, u, a, b):
+        calls["vjp"] += 1
+        return _vjp(n, u, a, b)
+
+    with _raises(rs.ScheduleError, fragment):
+        _run(forward=forward, vjp=vjp, schedule=_Stream(*actions))
+    assert calls == {"forward": steps, "vjp": adjoints}
+    with _raises(rs.ScheduleError, fragment):  # the simulator says the same of the stream
+        rs.execute(actions, N, (rs.Level(2),))
+
+
+class _OnlineStoringTooMuch(rs.OnlineSchedule):
+    """Stores every state, on a level of two slots: the third store is invalid."""
+
+    @property
+    def levels(self):
+        return (rs.Level(2),)
+
+    class _Run(rs.OnlineRun):
+        def on_step(self, n):
+            return (rs.Store(n, n, 0),)
+
+        def reverse(self, n_steps):
+            return iter(())
+
+    def start(self):
+        return self._Run()
+
+
+def test_online_forward_sweeps_are_checked_too():
+    with _raises(rs.ScheduleError, "Store(step=2, slot=2, level=0): level 0 has slots 0..1"):
+        _run(schedule=_OnlineStoringTooMuch())
+    with _raises(rs.ScheduleError, "level 0 has slots 0..1"):
+        rs.simulate(_OnlineStoringTooMuch(), N)

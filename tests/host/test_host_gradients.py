@@ -12,7 +12,7 @@ import pytest
 import retrograde.host as rh
 from retrograde import schedules as rs
 
-import _host_problems as P
+from . import _host_problems as P
 
 N = 20
 SCHEDULES = P.schedule_list()
@@ -183,7 +183,7 @@ def test_replay_m0_m1_m0(sched, kind, tmp_path):
 
 def test_online_until(tmp_path):
     """A loop of unknown length (a `while` on the state) with an online schedule."""
-    sched = P.online(3)
+    sched = rs.Online(3)
     if sched is None:
         pytest.skip("retrograde.schedules.Online is not available yet")
 

@@ -11,7 +11,7 @@ import retrograde.host as rh
 from retrograde import schedules as rs
 from retrograde.schedules import Advance, End, OfflineSchedule, Record, Restore, Store
 
-import _host_problems as P
+from . import _host_problems as P
 
 N = 12
 
@@ -231,8 +231,6 @@ def test_mpi_rank_in_names(tmp_path, monkeypatch):
 
 def test_multilevel_places_snapshots_on_both_levels(tmp_path):
     ml = P.multilevel()
-    if ml is None:
-        pytest.skip("MultiLevel is not available yet")
     with rh.forward(P.NP_STEP, P.state0(), P.params0(), 20, schedule=ml, loss=P.NP_LOSS,
                     storage={"memory": rh.Memory(), "disk": rh.Disk(tmp_path)}) as fp:
         fp.vjp()

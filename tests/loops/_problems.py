@@ -23,6 +23,8 @@ import numpy as np
 import retrograde
 from retrograde import schedules as rs
 
+from .._compare import assert_close, rel_err  # noqa: F401 (the suite's one comparison)
+
 M = 3  # size of the vector carry leaf
 DT = 0.1
 
@@ -46,27 +48,16 @@ def jit(fun, **kwargs):
 # --------------------------------------------------------------------------- schedules
 
 
-def multilevel():
-    """Two levels of 2 and 3 slots, if MultiLevel exists (None otherwise)."""
-    ml = getattr(rs, "MultiLevel", None)
-    if ml is None:
-        return None
-    return ml([rs.Level(2), rs.Level(3)])
-
-
 def offline_schedules():
     """Every offline schedule under test as ``(id, schedule)``."""
-    out = [
+    return [
         ("Revolve1", rs.Revolve(1)),
         ("Revolve3", rs.Revolve(3)),
         ("StoreAll", rs.StoreAll()),
         ("RecomputeAll", rs.RecomputeAll()),
         ("Periodic3", rs.Periodic(3)),
+        ("MultiLevel2+3", rs.MultiLevel([rs.Level(2), rs.Level(3)])),
     ]
-    ml = multilevel()
-    if ml is not None:
-        out.append(("MultiLevel2+3", ml))
-    return out
 
 
 # --------------------------------------------------------------------------- the problem
@@ -153,33 +144,6 @@ def float_leaves(tree):
         for x in jax.tree_util.tree_leaves(tree)
         if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)
     ]
-
-
-def rel_err(a, b) -> float:
-    """Largest over leaves of ``max|a - b| / max(max|b|, 1e-300)``; structures must match."""
-    ta, tb = jax.tree_util.tree_structure(a), jax.tree_util.tree_structure(b)
-    assert ta == tb, f"structures differ: {ta} vs {tb}"
-    worst = 0.0
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
-        x, y = np.asarray(x), np.asarray(y)
-        assert x.shape == y.shape, (x.shape, y.shape)
-        if x.dtype == jax.dtypes.float0 or y.dtype == jax.dtypes.float0:
-            assert x.dtype == y.dtype
-            continue
-        if not np.issubdtype(y.dtype, np.inexact):
-            np.testing.assert_array_equal(x, y)
-            continue
-        assert x.dtype == y.dtype, (x.dtype, y.dtype)
-        if y.size == 0:
-            continue
-        scale = max(float(np.max(np.abs(y))), 1e-300)
-        worst = max(worst, float(np.max(np.abs(x - y))) / scale)
-    return worst
-
-
-def assert_close(a, b, rtol: float, what: str = ""):
-    err = rel_err(a, b)
-    assert err <= rtol, f"{what}: relative error {err:.3e} > {rtol:.0e}"
 
 
 # --------------------------------------------------------------------------- a smaller problem

@@ -16,8 +16,6 @@ import pytest
 import retrograde
 from retrograde import schedules as rs
 
-from . import _problems as P
-
 N = 20
 CALLS: list[int] = []
 
@@ -47,9 +45,8 @@ SCHEDULES = [
     ("StoreAll", rs.StoreAll()),
     ("RecomputeAll", rs.RecomputeAll()),
     ("Periodic3", rs.Periodic(3)),
+    ("MultiLevel2+3", rs.MultiLevel([rs.Level(2), rs.Level(3)])),
 ]
-if P.multilevel() is not None:
-    SCHEDULES.append(("MultiLevel2+3", P.multilevel()))
 
 
 @pytest.mark.parametrize("schedule", [s for _, s in SCHEDULES], ids=[i for i, _ in SCHEDULES])

@@ -64,7 +64,7 @@ def test_bad_length(length):
 
 @pytest.mark.parametrize(
     "schedule",
-    [_DummyOnline()] + ([rs.Online(3)] if hasattr(rs, "Online") else []),
+    [_DummyOnline(), rs.Online(3)],
     ids=lambda s: type(s).__name__,
 )
 def test_online_schedule_is_rejected(schedule):

@@ -1,4 +1,4 @@
-"""Higher-order derivatives of ``retrograde.scan`` (issue 4) against ``jax.lax.scan``.
+"""Higher-order derivatives of ``retrograde.scan`` against ``jax.lax.scan``.
 
 Float64 under ``jax.jit``; relative error <= 1e-10. Plus Taylor tests: the gradient and the
 Hessian (computed through the checkpointed reverse sweeps) make the Taylor remainder of the

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 
 from retrograde.loops import _machine as M
-from retrograde.loops._binomial import COST_CAP, _optimum_table, optimum, split_largest
-from retrograde.loops import _placement as placement
+from retrograde.loops import _binomial as B
+from retrograde.loops._binomial import COST_CAP, _optimum_table, optimum
+from retrograde.loops._placement import store_slot
 from retrograde.schedules import (
+    largest_split, online_decisions, online_store_slot,
     Advance, End, Free, Level, Online, Periodic, RecomputeAll, Record, Restore, Revolve,
     StoreAll, Store, execute, revolve_optimum, simulate,
 )
-from retrograde.schedules._online import online_store_slot
-from retrograde.schedules._revolve import largest_split
 
 CAPACITY = 3000
 
@@ -141,28 +141,18 @@ def test_machine_reverses_online_placements(s):
         assert (stats.plain, stats.recorded) == (want.plain, want.recorded), (n, s)
 
 
-@pytest.mark.parametrize("s, steps", [(1, 250), (2, 250), (3, 400), (4, 250), (8, 250),
-                                      (40, 700)])
+@pytest.mark.parametrize("s, steps", [(1, 250), (2, 250), (4, 250), (8, 250), (40, 700)])
 def test_placement_matches_online_rule(s, steps):
-    """The in-graph incremental rule makes the decisions of the Python rule at every step."""
-
-    @jax.jit
-    def decisions():
-        def one(n, c):
-            p, out = c
-            k, p = placement.place(p, n, s)
-            return p, out.at[n].set(k)
-
-        return jax.lax.fori_loop(0, steps, one, (placement.start(s),
-                                                 jnp.zeros((steps,), jnp.int32)))[1]
-
-    got = np.asarray(decisions()).tolist()
-    held, want = [-1] * s, []
+    """The in-graph rule (what a while loop evaluates beyond its decision table) and the table
+    itself make the decisions of the Python rule at every step."""
+    rule = jax.jit(lambda n, h: store_slot(n, h, s))
+    table = online_decisions(s, steps)
+    held = [-1] * s
     for n in range(steps):
-        want.append(online_store_slot(n, held, s))
-        if want[-1] >= 0:
-            held[want[-1]] = n
-    assert got == want
+        want = online_store_slot(n, held, s)
+        assert int(rule(n, jnp.asarray(held, jnp.int32))) == want == table[n], (n, held)
+        if want >= 0:
+            held[want] = n
 
 
 def test_optimum_elementwise_matches_closed_form():
@@ -201,7 +191,7 @@ def test_split_largest_matches_python(s_max):
     cases = [(n, s) for s in range(2, s_max + 1) for n in range(s + 2, 3001, 3 if s > 3 else 1)]
     cases += [(10**6, 2), (10**6, 3), (200_000, 5)]
     ns, ss = (jnp.asarray(v, jnp.int32) for v in zip(*cases))
-    got = jax.jit(jax.vmap(lambda n, s: split_largest(n, s, s_max)))(ns, ss)
+    got = jax.jit(jax.vmap(lambda n, s: B.largest_split(n, s, s_max)))(ns, ss)
     assert np.asarray(got).tolist() == [largest_split(n, s) for n, s in cases]
     for s in range(2, min(s_max, 8) + 1):
         for n in range(s + 2, 200):

@@ -25,9 +25,9 @@ CARRY = 8 * D
 BOUND_1 = (S + 6) * CARRY  # first order
 BOUNDS = {
     "grad": BOUND_1,
-    "hvp": 2 * BOUND_1,  # issue 4: second order within twice the first-order bound
+    "hvp": 2 * BOUND_1,  # second order within twice the first-order bound
     "grad_grad": 2 * BOUND_1,
-    "third": 4 * BOUND_1,  # issue 4: third order within four times the first-order bound
+    "third": 4 * BOUND_1,  # third order within four times the first-order bound
 }
 
 

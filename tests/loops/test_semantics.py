@@ -1,5 +1,5 @@
-"""``jax.lax`` semantics of the front ends ``retrograde.scan`` / ``fori_loop`` / ``while_loop``
-(issue #19's lax-semantics items, issue #17 point 6), each compared against ``jax.lax`` itself:
+"""``jax.lax`` semantics of the front ends ``retrograde.scan`` / ``fori_loop`` / ``while_loop``,
+each compared against ``jax.lax`` itself:
 
 - ``scan(reverse=True)``: values and derivatives (grad, jvp, vmap, hessian) to 1e-12 in float64,
   evaluation counts those of the schedule;
@@ -539,9 +539,6 @@ def test_fori_traced_bounds_strict_values(mode):
     _check_fori_traced(mode, derivatives=False)
 
 
-@pytest.mark.xfail(reason="while_loop derivatives fail in the primitive layer under strict modes: "
-                          "int32/int64 mix in _machine.init_state (strict dtype promotion), rank "
-                          "promotion in _placement._optimum_table (rank_promotion='raise')")
 @pytest.mark.parametrize("mode", ["strict_x64", "rank_raise"])
 def test_fori_traced_bounds_strict_derivatives(mode):
     _check_fori_traced(mode, derivatives=True)

@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from retrograde import schedules as rs
-from retrograde.loops._plan import compile_plan
+from retrograde.loops._tables import tables_for
 
 from . import _problems as P
 
@@ -62,7 +62,7 @@ def test_snapshots_stay_sharded(sharded):
     transpose of ``jnp.roll`` pads a local piece to ``f64[D]``.)"""
     _, _, compiled = sharded
     hlo = compiled.as_text()
-    slots = compile_plan(SCHEDULE, N).n_slots
+    slots = tables_for(SCHEDULE, N).n_slots
     assert f"f64[{slots},{K}]" in hlo
     full = re.findall(rf"f64\[(?:\d+,)+{D}\]", hlo)
     assert not full, f"stacks of full carries in the partitioned program: {sorted(set(full))}"

@@ -9,6 +9,8 @@ import pytest
 import retrograde
 from retrograde.schedules import Online, Revolve, revolve_optimum, simulate
 
+from . import _problems as P
+
 N = 23
 
 
@@ -38,11 +40,6 @@ def _ref(theta, w, n=N):
     return jnp.sum(u**2) + jnp.sum(v * u[:2])
 
 
-def close(a, b, tol):
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
-
-
 MODES = {
     "value": lambda f: f,
     "grad": lambda f: jax.grad(f, argnums=(0, 1)),
@@ -62,7 +59,7 @@ def test_modes_match_reference(mode, s):
     make = MODES[mode]
     got = jax.jit(make(lambda t, w: _loss(t, w, Online(s))))(0.7, 0.3)
     want = make(_ref)(0.7, 0.3)
-    close(got, want, 1e-10)
+    P.assert_close(got, want, 1e-10)
 
 
 def test_vmap_batched_predicate():
@@ -75,9 +72,10 @@ def test_vmap_batched_predicate():
         return (1 + theta) ** n
 
     th = jnp.array([0.1, 0.3, 0.7])
-    close(jax.vmap(g)(th), jax.vmap(gref)(th), 1e-12)
-    close(jax.vmap(jax.grad(g))(th), jax.vmap(jax.grad(gref))(th), 1e-10)
-    close(jax.grad(lambda t: jnp.sum(jax.vmap(g)(t)))(th), jax.vmap(jax.grad(gref))(th), 1e-10)
+    P.assert_close(jax.vmap(g)(th), jax.vmap(gref)(th), 1e-12)
+    P.assert_close(jax.vmap(jax.grad(g))(th), jax.vmap(jax.grad(gref))(th), 1e-10)
+    P.assert_close(jax.grad(lambda t: jnp.sum(jax.vmap(g)(t)))(th),
+                   jax.vmap(jax.grad(gref))(th), 1e-10)
 
 
 def test_predicate_runs_once_per_forward_step():
@@ -114,8 +112,8 @@ def test_vmap_batched_predicate_with_first_order_body():
     fast = run(lambda theta: lambda u: _kick_scale(u, theta))
     th = jnp.array([0.1, 0.3, 0.7])
     want = jax.vmap(jax.grad(plain))(th)
-    close(jax.vmap(jax.grad(fast))(th), want, 1e-12)
-    close(jax.grad(lambda t: jnp.sum(jax.vmap(fast)(t)))(th), want, 1e-12)
+    P.assert_close(jax.vmap(jax.grad(fast))(th), want, 1e-12)
+    P.assert_close(jax.grad(lambda t: jnp.sum(jax.vmap(fast)(t)))(th), want, 1e-12)
 
 
 @jax.custom_vjp
@@ -241,10 +239,10 @@ def _buffered_ref(theta):
 
 def test_buffers_exact_and_not_in_snapshots():
     f = lambda t: _buffered(t, lambda v: v[2])
-    close(f(0.5), _buffered_ref(0.5), 1e-12)
-    close(jax.grad(f)(0.5), jax.grad(_buffered_ref)(0.5), 1e-10)
+    P.assert_close(f(0.5), _buffered_ref(0.5), 1e-12)
+    P.assert_close(jax.grad(f)(0.5), jax.grad(_buffered_ref)(0.5), 1e-10)
     hvp = lambda g: jax.jvp(jax.grad(g), (0.5,), (1.0,))[1]
-    close(hvp(f), hvp(_buffered_ref), 1e-10)
+    P.assert_close(hvp(f), hvp(_buffered_ref), 1e-10)
     with_buf = jax.jit(jax.grad(f)).lower(0.5).compile().memory_analysis().temp_size_in_bytes
     plain = jax.jit(jax.grad(lambda t: _buffered(t, None))).lower(0.5).compile()
     assert with_buf < plain.memory_analysis().temp_size_in_bytes

@@ -255,7 +255,7 @@ def test_never_below_and_close_to_exhaustive_optimum(levels, monkeypatch):
         assert simulate(sched, n).cost == pytest.approx(exact)
     # Without the exhaustive DP: the heuristics for large instances.
     monkeypatch.setattr(_multilevel, "_EXACT_BUDGET", 0)
-    _multilevel._plan.cache_clear()
+    _multilevel._solve.cache_clear()
     try:
         for n in (2, 3, 5, 8, 13, 18):
             exact = exhaustive_k(levels, n)
@@ -267,7 +267,7 @@ def test_never_below_and_close_to_exhaustive_optimum(levels, monkeypatch):
             if all(lvl.write_cost == lvl.read_cost == 0 for lvl in levels[:-1]):
                 assert cost == pytest.approx(exact)  # proven case (after pooling free levels)
     finally:
-        _multilevel._plan.cache_clear()
+        _multilevel._solve.cache_clear()
 
 
 def test_levels_with_equal_costs_pool_their_slots():

@@ -6,6 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from math import comb
+
 from retrograde.schedules import (
     End,
     Free,
@@ -14,17 +16,15 @@ from retrograde.schedules import (
     Record,
     Store,
     beta,
-    revolve_optimum,
-    simulate,
-)
-from retrograde.schedules._online import (
-    _Placement,
-    _t,
-    _totals,
     online_store_slot,
     online_targets,
+    online_totals,
+    repetition_number,
+    revolve_optimum,
     segment_cost,
+    simulate,
 )
+from retrograde.schedules._optimum import optimum
 
 TARGET_S = (4, 8, 16, 44)
 
@@ -51,7 +51,7 @@ def test_edge_cases(n, s):
     stats = simulate(Online(s), n)
     assert stats.recorded == n
     assert stats.peak_slots[0] == min(s, n)
-    assert stats.evaluations == _totals(s, n)[n]
+    assert stats.evaluations == online_totals(s, n)[n]
     if s >= n:  # every state is kept: only the forward sweep is plain
         assert stats.plain == n
     if s == 1:  # only u_0: recompute everything
@@ -60,14 +60,14 @@ def test_edge_cases(n, s):
 
 def test_fast_totals_match_simulation():
     for s in (1, 2, 3, 5, 8, 16, 44):
-        totals = _totals(s, 700)
+        totals = online_totals(s, 700)
         for n in list(range(0, 100)) + list(range(100, 701, 61)):
             assert simulate(Online(s), n).evaluations == totals[n], (n, s)
 
 
 def test_never_better_than_offline():
     for s in (2, 4, 8):
-        totals = _totals(s, 400)
+        totals = online_totals(s, 400)
         for n in range(1, 401):
             assert totals[n] >= _optimum_total(n, s) + 1, (n, s)
 
@@ -77,7 +77,7 @@ def test_within_five_percent_of_offline(s):
     # For tiny N no online schedule can be within 5% (N = 1 costs 2 against 1); from N = 40 on,
     # Online must be.
     n_max = 4000
-    totals = _totals(s, n_max)
+    totals = online_totals(s, n_max)
     worst = max(totals[n] / _optimum_total(n, s) for n in range(40, n_max + 1))
     assert worst <= 1.05, worst
     for n in range(1, 40):
@@ -87,7 +87,7 @@ def test_within_five_percent_of_offline(s):
 @pytest.mark.slow
 @pytest.mark.parametrize("s", TARGET_S)
 def test_within_five_percent_of_offline_up_to_1e5(s):
-    totals = _totals(s, 100_000)
+    totals = online_totals(s, 100_000)
     worst = max(totals[n] / _optimum_total(n, s) for n in range(40, 100_001))
     assert worst <= 1.05, worst
 
@@ -109,20 +109,24 @@ def test_optimal_held_set_at_epoch_ends(s):
 @pytest.mark.parametrize("s", [1, 2, 3, 4, 7, 16, 44])
 def test_incremental_placement_matches_pure_rule(s):
     # on_step and the fast totals use an incremental engine; it must decide exactly as the
-    # documented pure rule.
-    engine, held = _Placement(s), [-1] * s
+    # documented pure rule, and cost what the pure cost says.
+    run, held, totals = Online(s).start(), [-1] * s, online_totals(s, 1500)
     for n in range(1500):
         k = online_store_slot(n, held, s)
-        decision = engine.decide(n)
-        assert decision == (None if k < 0 else (k, held[k])), (n, s)
+        want = () if k < 0 else (Store(n, k, 0),) if held[k] < 0 else (Free(held[k], k, 0),
+                                                                        Store(n, k, 0))
+        assert tuple(run.on_step(n)) == want, (n, s)
         if k >= 0:
             held[k] = n
-        assert engine.held == held
-        assert engine.reversal_cost(n + 1) == segment_cost(held, n + 1, s)
+        assert totals[n + 1] == 2 * (n + 1) + segment_cost(held, n + 1, s)
 
 
-def test_two_slot_cost_closed_form():
-    assert all(_t(n, 2) == revolve_optimum(n, 2) for n in range(1, 3000))
+@pytest.mark.parametrize("s", [1, 2, 3, 7])
+def test_fast_optimum_closed_form(s):
+    # The hot path of the placement rule (O(1) for two slots) against t(N, s) = r N - C(s+r, s+1).
+    for n in range(1, 3000):
+        r = repetition_number(n, s)
+        assert optimum(n, s) == r * n - comb(s + r, s + 1), (n, s)
 
 
 def test_store_slot_is_pure():

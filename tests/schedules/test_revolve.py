@@ -14,9 +14,9 @@ from retrograde.schedules import (
     beta,
     repetition_number,
     revolve_optimum,
+    revolve_split,
     simulate,
 )
-from retrograde.schedules._revolve import revolve_split
 
 N_MAX, S_MAX = 200, 10
 

@@ -1,4 +1,4 @@
-"""The symbolic machine: it accepts every valid schedule and rejects every invalid stream."""
+"""The simulator: it accepts every valid schedule and rejects every invalid stream."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrograde import schedules
 from retrograde.schedules import (
     Advance,
     End,
+    Executor,
     Free,
     Level,
+    MultiLevel,
+    Online,
     OnlineRun,
     OnlineSchedule,
     Periodic,
@@ -22,10 +24,12 @@ from retrograde.schedules import (
     Restore,
     Revolve,
     ScheduleError,
+    Simulator,
     StoreAll,
     Store,
     execute,
     revolve_optimum,
+    schedule_stream,
     simulate,
 )
 
@@ -118,7 +122,7 @@ def test_action_after_end():
 
 
 def test_exceeding_a_levels_slots_with_a_real_schedule():
-    # Revolve(3) declares three slots; run its stream on a machine with two.
+    # Revolve(3) declares three slots; run its stream on a simulator with two.
     with pytest.raises(ScheduleError, match="slots"):
         execute(Revolve(3).actions(20), 20, (Level(2),))
 
@@ -190,28 +194,10 @@ def test_online_schedule_refuses_fixed_n():
 
 
 def _schedules(slots: int) -> list:
-    """Every schedule that exists in ``retrograde.schedules``, configured with ``slots``."""
-    out = [Revolve(slots), StoreAll(), RecomputeAll(), Periodic(slots)]
-    multi = getattr(schedules, "MultiLevel", None)
-    if multi is not None:
-        out += _multilevel_instances(multi, slots)
-    online = getattr(schedules, "Online", None)
-    if online is not None:
-        out.append(online(slots))
-    return out
-
-
-def _multilevel_instances(multi, slots: int) -> list:
-    """MultiLevel is written in parallel; build it through whichever signature it has."""
-    out = []
+    """Every schedule of ``retrograde.schedules``, configured with ``slots``."""
+    out = [Revolve(slots), StoreAll(), RecomputeAll(), Periodic(slots), Online(slots)]
     for disk in (None, max(1, slots // 2)):
-        levels = (Level(slots), Level(disk, write_cost=2.0, read_cost=2.0))
-        for attempt in (lambda: multi(levels=levels), lambda: multi(levels), lambda: multi(*levels)):
-            try:
-                out.append(attempt())
-                break
-            except TypeError:
-                continue
+        out.append(MultiLevel([Level(slots), Level(disk, write_cost=2.0, read_cost=2.0)]))
     return out
 
 
@@ -311,3 +297,57 @@ def test_level_arguments():
 def test_simulate_rejects_non_schedules():
     with pytest.raises(TypeError, match="Schedule"):
         simulate(object(), 3)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# The simulator as an Executor: copies, online step counts, one dispatch
+# --------------------------------------------------------------------------------------------
+
+
+def test_copies_of_a_simulator_continue_independently():
+    # What the host driver does: one first sweep, then each reverse sweep from a copy.
+    actions = list(Revolve(3).actions(20))
+    first = next(i for i, a in enumerate(actions) if type(a) is Record)
+    sim = Simulator(Revolve(3).levels, 20).run(actions[:first])
+    one, two = sim.copy().run(actions[first:]), sim.copy().run(actions[first:])
+    assert one.stats() == two.stats() == simulate(Revolve(3), 20)
+    assert not sim.ended and sim.recorded == 0 and sim.current == 19 and sim.held != one.held
+
+
+def test_online_step_count_is_given_when_the_loop_stops():
+    run = Online(3).start()
+    sim = Simulator(Online(3).levels, None).run(run.forward(lambda n: n < 7))
+    with pytest.raises(ScheduleError, match="cannot stop after 5 steps"):
+        sim.copy().stopped(5)
+    sim.stopped(7)
+    with pytest.raises(ScheduleError, match="N is 7 already"):
+        sim.copy().stopped(7)
+    assert sim.run(run.reverse(7)).stats() == simulate(Online(3), 7)
+    with pytest.raises(ScheduleError, match="step count is unknown"):
+        Simulator(ONE, None).run([Advance(0, 1), Record(0)])
+
+
+def test_schedule_stream_plays_the_online_protocol():
+    stream = list(schedule_stream(Online(4), 30))
+    assert execute(stream, 30, Online(4).levels) == simulate(Online(4), 30)
+    assert sum(type(a) is Advance and a.stop - a.start == 1 for a in stream[:60]) >= 30
+    assert list(schedule_stream(Revolve(4), 30)) == list(Revolve(4).actions(30))
+    with pytest.raises(TypeError, match="Schedule"):
+        schedule_stream(object(), 3)
+
+
+def test_executor_dispatches_every_kind_once():
+    seen = []
+
+    class Log(Executor):
+        def log(self, a):
+            seen.append(a)
+
+        advance = store = restore = free = record = end = log
+
+    actions = list(Periodic(3).actions(10))
+    assert Log().run(actions).ended and seen == actions
+    with pytest.raises(ScheduleError, match="after End"):
+        Log().run([End(), Record(0)])
+    with pytest.raises(ScheduleError, match="Unknown action"):
+        Executor().execute((0, 1))

@@ -6,8 +6,10 @@ then, on every :meth:`ForwardPass.vjp`, executes the *reverse part* of the sched
 the first sweep ended on. Snapshots made by a reverse part are freed when that ``vjp`` returns;
 the first sweep's snapshots stay until :meth:`ForwardPass.close`.
 
-A :class:`_Machine` executes the actions of one sweep: it holds the state at hand and the slots,
-and has one method per action kind.
+A :class:`_Sweep` executes the actions of one sweep: it holds the state at hand and the slots,
+and has one method per action kind (a :class:`~retrograde.schedules.Executor`). Every action is
+first executed by the simulator (:class:`~retrograde.schedules.Simulator`), so that the
+driver runs only actions proven valid: the state it needs is at hand or in the slot it names.
 
 Arrays (see :mod:`._trees` for the ownership rules): the driver copies a state when it stores a
 snapshot, and when it restores one that is read again later; a restore that is the snapshot's last
@@ -32,6 +34,7 @@ import numpy as np
 from ..schedules import (
     Advance,
     End,
+    Executor,
     Free,
     OfflineSchedule,
     OnlineSchedule,
@@ -39,7 +42,9 @@ from ..schedules import (
     Restore,
     Schedule,
     ScheduleError,
+    Simulator,
     Store,
+    check_steps,
 )
 from ._step import _LossImpl, _StepImpl
 from ._storage import SnapshotError, _LiveStore, _MemoryStore, resolve_storage
@@ -372,8 +377,6 @@ class ForwardPass:
                 f"{type(sched).__name__} is offline: give n_steps instead."
             )
         if n_steps is not None:
-            from ..schedules._base import check_steps
-
             n_steps = check_steps(n_steps)
         if not online and not isinstance(sched, OfflineSchedule):
             raise TypeError(f"schedule {sched!r} is neither offline nor online.")
@@ -381,43 +384,41 @@ class ForwardPass:
 
     def _run_forward(self, state, n_steps, until):
         n_steps, online = self._check_length(n_steps, until)
-        m = _Machine(self, self._persistent)
-        m.state, m.cur = state, 0
+        check = _Checker(self._levels, None if online else n_steps)
+        m = _Sweep(self, self._persistent, check)
+        m.state = state
         del state
         self._J, self._reached = 0.0, 0
         with _Progress(self._progress, n_steps, "forward") as self._bar:
             if online:
-                N = self._forward_online(m, n_steps, until)
+                run = self._online_run = self._schedule.start()
+
+                def more(n):  # asked with u_n at hand
+                    return (n_steps is None or n < n_steps) and not (
+                        until is not None and self._until(until, n, m.state))
+
+                m.run(run.forward(more))
+                N = check.current
+                check.stopped(N)
+                self._prefix_len = None
+                try:
+                    self._online_saved = copy.deepcopy(run)
+                except Exception:  # not copyable: later vjp calls replay the run instead
+                    self._online_saved = None
             else:
                 N = n_steps
                 self._prefix_len = m.run(self._schedule.actions(N), first_sweep=True)
             self.n_steps = N
-            if m.cur < N:  # the reverse part starts here: keep a copy, go on to u_N
-                self._hand = self._hand_store.put(m.cur, tree_util.tree_leaves(m.state),
+            self._checked = check  # where every reverse sweep's checks start from
+            cur = check.current
+            if cur < N:  # the reverse part starts here: keep a copy, go on to u_N
+                self._hand = self._hand_store.put(cur, tree_util.tree_leaves(m.state),
                                                   self._sspec.treedef)
-                m.advance_to(N)
+                m.advance_to(cur, N)
         self._bar = _Progress()
         self._finish(m.state)
         self._vjp_calls = 0
         self._sync_counts()
-
-    def _forward_online(self, m: _Machine, n_steps, until) -> int:
-        run = self._online_run = self._schedule.start()
-        n = 0
-        while (n_steps is None or n < n_steps) and not (
-                until is not None and self._until(until, n, m.state)):
-            for a in run.on_step(n):
-                if type(a) not in (Store, Free):
-                    raise ScheduleError(f"on_step({n}) returned {a}; only Store/Free.")
-                m.do(a)
-            m.advance_to(n + 1)
-            n += 1
-        self._prefix_len = None
-        try:
-            self._online_saved = copy.deepcopy(run)
-        except Exception:  # not copyable: later vjp calls replay the run instead
-            self._online_saved = None
-        return n
 
     def _finish(self, final):
         """The final loss and its gradient at ``u_N``; publish ``u_N`` (a copy)."""
@@ -463,29 +464,28 @@ class ForwardPass:
         slots = dict(self._persistent) if keep else self._persistent
         if not keep:
             self._persistent = {}
-        m = _Machine(self, slots, temp=set(), keep=keep)
-        # move the cotangents into the machine (the caller's lists must not keep the arrays)
+        m = _Sweep(self, slots, self._checked.copy(), temp=set(), keep=keep)
+        # move the cotangents into the sweep (the caller's lists must not keep the arrays)
         m.lam, m.pbar, m.loss_bar = lam[:], pbar[:], loss_bar
         lam.clear()
         pbar.clear()
         m.running = [L for L in self._losses if L.running] if loss_bar != 0.0 else []
-        m.next_record = self.n_steps - 1
-        m.cur = self.n_steps
-        hand = self._hand
+        hand = self._hand  # the state the first sweep ended on (None: it ended on u_N)
         if hand is not None:
             leaves = self._hand_store.get(hand, take=not keep)
             if not keep:
                 self._hand_store.free(hand)
                 self._hand = None
-            m.state, m.cur = tree_util.tree_unflatten(hand.treedef, leaves), hand.step
+            m.state = tree_util.tree_unflatten(hand.treedef, leaves)
             del leaves
         actions = self._reverse_actions()
         self._vjp_calls += 1
         try:
             with _Progress(self._progress, self.n_steps, "reverse") as self._bar:
                 m.run(actions)
-            if m.next_record != -1:
-                raise ScheduleError(f"the schedule ended before step {m.next_record} was recorded.")
+            if m.check.next_record != -1:
+                raise ScheduleError(
+                    f"the schedule ended before step {m.check.next_record} was recorded.")
         finally:
             self._bar = _Progress()
             m.state = None
@@ -522,118 +522,111 @@ class _Lookahead:
         return a
 
 
-class _Machine:
-    """Executes a schedule's actions for one sweep of a :class:`ForwardPass`.
+class _Checker(Simulator):
+    """The simulator of a sweep; a restore or free of a slot that does not hold the
+    step is a :class:`SnapshotError` here (a missing snapshot is never replaced)."""
 
-    Holds the state at hand ``state`` (``u_cur``) and the ``slots`` ((level, slot) -> snapshot).
-    ``temp`` is ``None`` in the first sweep, whose snapshots persist, and in a reverse part the
-    set of snapshots it made (freed when it ends); ``keep`` tells whether first-sweep snapshots
-    survive the reverse part's ``Free``. A reverse part also carries the cotangents: ``lam`` (of
-    the state at step ``next_record + 1``, leaves, ``None`` for zero) and ``pbar`` (of the
-    parameters), both in arrays of the driver's own.
-    """
-
-    def __init__(self, fp: ForwardPass, slots: dict, temp: set | None = None, keep: bool = True):
-        self.fp = fp
-        self.slots = slots
-        self.temp = temp
-        self.keep = keep
-        self.state = None
-        self.cur: int | None = None
-        self.lam: list = []
-        self.pbar: list = []
-        self.loss_bar = 0.0
-        self.running: list = []
-        self.next_record = -1
-
-    def run(self, actions: Iterable, *, first_sweep: bool = False) -> int:
-        """Execute ``actions`` up to ``End`` (in the first sweep: up to the first ``Record`` or
-        ``End``, which stays unexecuted); returns how many were executed."""
-        it = _Lookahead(actions)
-        while (a := it.peek()) is not None:
-            if type(a) is End or (first_sweep and type(a) is Record):
-                break
-            it.take()
-            self.do(a, it)
-        return it.taken
-
-    def do(self, a, ahead: _Lookahead | None = None) -> None:
-        handler = _HANDLERS.get(type(a))
-        if handler is None:
-            raise ScheduleError(f"unknown action {a!r}")
-        handler(self, a, ahead)
-
-    # ------------------------------------------------------------------ actions
-    def advance(self, a: Advance, ahead=None):
-        if self.cur != a.start:
-            raise ScheduleError(f"{a}: the state at hand is {self.cur}.")
-        self.advance_to(a.stop)
-
-    def advance_to(self, stop: int):
-        for n in range(self.cur, stop):
-            self.state = self.fp._plain(n, self.state)
-        self.cur = stop
-
-    def store(self, a: Store, ahead=None):
-        step, slot, level = a
-        stores = self.fp._stores
-        if self.cur != step:
-            raise ScheduleError(f"{a}: the state at hand is {self.cur}, not {step}.")
-        if not 0 <= level < len(stores):
-            raise ScheduleError(
-                f"{a}: the schedule has no storage level {level} (it has {len(stores)})."
-            )
-        held = self.slots.get((level, slot))
-        if held is not None:
-            raise ScheduleError(f"{a}: slot already holds step {held.step}.")
-        snap = stores[level].put(step, tree_util.tree_leaves(self.state), self.fp._sspec.treedef)
-        self.slots[(level, slot)] = snap
-        if self.temp is not None:
-            self.temp.add(snap)
-
-    def restore(self, a: Restore, ahead=None):
-        step, slot, level = a
-        snap = self.slots.get((level, slot))
-        where = f"slot {slot} of level {level} ({self._level_name(level)})"
-        if snap is None:
+    def not_held(self, action, holds):
+        step, slot, level = action
+        where = f"slot {slot} of level {level} ({self.levels[level].name or 'unnamed'})"
+        if type(action) is Restore and holds is None:
             raise SnapshotError(
                 f"snapshot of step {step} is missing: the schedule restores it from {where}, "
                 "which holds no snapshot (a missing snapshot is never replaced by a live value)."
             )
-        if snap.step != step:
+        if type(action) is Restore:
             raise SnapshotError(
-                f"snapshot of step {step} is missing: {where} holds the snapshot of step "
-                f"{snap.step}."
+                f"snapshot of step {step} is missing: {where} holds the snapshot of step {holds}."
             )
-        self.state = None  # release the state at hand before reading
-        take = self._releases(snap) and _last_read(a, ahead)
-        self.state = tree_util.tree_unflatten(snap.treedef, snap.store.get(snap, take=take))
-        self.cur = step
+        raise SnapshotError(
+            f"snapshot of step {step}: the schedule frees {where}, which holds "
+            f"{'nothing' if holds is None else f'step {holds}'}."
+        )
 
-    def free(self, a: Free, ahead=None):
+
+class _Sweep(Executor):
+    """Executes a schedule's actions for one sweep of a :class:`ForwardPass`, each after
+    ``check`` (a :class:`_Checker`) has executed it: so the actions here are valid.
+
+    Holds the state at hand ``state`` (that of step ``check.current``) and the ``slots``
+    ((level, slot) -> snapshot). ``temp`` is ``None`` in the first sweep, whose snapshots
+    persist, and in a reverse part the set of snapshots it made (freed when it ends); ``keep``
+    tells whether first-sweep snapshots survive the reverse part's ``Free``. A reverse part also
+    carries the cotangents: ``lam`` (of the state after the next step to record, leaves, ``None``
+    for zero) and ``pbar`` (of the parameters), both in arrays of the driver's own.
+    """
+
+    def __init__(self, fp: ForwardPass, slots: dict, check: Simulator, temp: set | None = None,
+                 keep: bool = True):
+        self.fp = fp
+        self.slots = slots
+        self.check = check
+        self.temp = temp
+        self.keep = keep
+        self.state = None
+        self.ahead: _Lookahead | None = None
+        self.lam: list = []
+        self.pbar: list = []
+        self.loss_bar = 0.0
+        self.running: list = []
+
+    def run(self, actions: Iterable, *, first_sweep: bool = False) -> int:
+        """Execute ``actions`` up to ``End`` (in the first sweep: up to the first ``Record`` or
+        ``End``, which stays unexecuted); returns how many were executed."""
+        self.ahead = it = _Lookahead(actions)
+        try:
+            while (a := it.peek()) is not None:
+                if first_sweep and type(a) in (Record, End):
+                    break
+                it.take()
+                self.execute(a)
+                if type(a) is End:
+                    break
+        finally:
+            self.ahead = None  # the stream may refer back to this sweep (an online forward)
+        return it.taken
+
+    def execute(self, action) -> None:
+        self.check.execute(action)  # raises if the action is not valid here
+        super().execute(action)
+
+    # ------------------------------------------------------------------ actions
+    def advance(self, a: Advance):
+        self.advance_to(a.start, a.stop)
+
+    def advance_to(self, start: int, stop: int):
+        for n in range(start, stop):
+            self.state = self.fp._plain(n, self.state)
+
+    def store(self, a: Store):
         step, slot, level = a
-        snap = self.slots.pop((level, slot), None)
-        if snap is None or snap.step != step:
-            raise SnapshotError(
-                f"snapshot of step {step}: the schedule frees slot {slot} of level {level}, which "
-                f"holds {'nothing' if snap is None else f'step {snap.step}'}."
-            )
+        store = self.fp._stores[level]
+        snap = store.put(step, tree_util.tree_leaves(self.state), self.fp._sspec.treedef)
+        self.slots[(level, slot)] = snap
+        if self.temp is not None:
+            self.temp.add(snap)
+
+    def restore(self, a: Restore):
+        step, slot, level = a
+        snap = self.slots[(level, slot)]
+        self.state = None  # release the state at hand before reading
+        take = self._releases(snap) and _last_read(a, self.ahead)
+        self.state = tree_util.tree_unflatten(snap.treedef, snap.store.get(snap, take=take))
+
+    def free(self, a: Free):
+        step, slot, level = a
+        snap = self.slots.pop((level, slot))
         if self._releases(snap):
             if self.temp is not None:
                 self.temp.discard(snap)
             snap.store.free(snap)
         # else: a first-sweep snapshot, kept for later vjp calls
 
-    def record(self, a: Record, ahead=None):
+    def record(self, a: Record):
         """The adjoint of step ``n``:
         ``lam_n = vjp_n(lam_{n+1}) + loss_bar * grad running(u_n)``."""
         fp, n = self.fp, a.step
-        if n != self.next_record or self.cur != n:
-            raise ScheduleError(
-                f"{a}: the state at hand is {self.cur} and the next step to record is "
-                f"{self.next_record}."
-            )
-        state, self.state, self.cur = self.state, None, None
+        state, self.state = self.state, None
         g = None  # the running losses read u_n: their gradient before the adjoint may overwrite it
         if n >= 1 and self.running:
             view = readonly(state)
@@ -654,23 +647,12 @@ class _Machine:
         self.pbar = [accumulate(x, y) for x, y in zip(self.pbar, p_bar)]
         del p_bar
         self.lam = s_bar if g is None else [accumulate(x, y) for x, y in zip(g, s_bar)]
-        self.next_record -= 1
         fp._bar.update()
 
     # ------------------------------------------------------------------ helpers
     def _releases(self, snap) -> bool:
         """Whether this sweep's ``Free`` of ``snap`` really releases it."""
         return self.temp is None or snap in self.temp or not self.keep
-
-    def _level_name(self, level):
-        try:
-            return self.fp._levels[level].name or "unnamed"
-        except IndexError:
-            return "?"
-
-
-_HANDLERS = {Advance: _Machine.advance, Store: _Machine.store, Restore: _Machine.restore,
-             Free: _Machine.free, Record: _Machine.record}
 
 
 def _last_read(a: Restore, ahead: _Lookahead | None) -> bool:

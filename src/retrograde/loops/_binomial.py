@@ -1,12 +1,12 @@
 """Binomial quantities of the Revolve optimum, computed inside a compiled program (int32).
 
 The in-graph twins of :mod:`retrograde.schedules._optimum` and
-:func:`retrograde.schedules._revolve.revolve_split`, shared by the reversal machine
+:func:`retrograde.schedules.largest_split`, shared by the reversal machine
 (:mod:`._machine`) and the online placement rule (:mod:`._placement`):
 
 - :func:`next_beta`, :func:`repetition`: ``beta(s, r) = C(s + r, s)`` and ``r(n, s)``, the
   smallest ``r`` with ``beta(s, r) >= n``, saturating at ``CAP``;
-- :func:`split_largest`: the largest optimal first split of a segment;
+- :func:`largest_split`: the largest optimal first split of a segment;
 - :func:`optimum`: ``t(n, s) = r n - C(s + r, s + 1)``, elementwise.
 
 Slot counts are static wherever the callers know them, so each of these reads a trace-time table
@@ -63,13 +63,14 @@ def beta_table(s_max: int, r_max: int):
 
 
 def table_depth(s_max: int) -> int:
-    """How many repetition numbers the tables hold for slot counts up to ``s_max``: enough for
-    every segment of a run of 20000 steps with ``Online(s)``, ``s >= 4`` (few runs need more;
-    those fall back to the loops)."""
+    """How many repetition numbers the tables hold for slot counts up to ``s_max``: ``r <= 16``
+    for ``s_max >= 8`` (segments of up to ``beta(8, 16) = C(24, 8) = 735471`` steps with 8 slots,
+    more with more slots), ``r <= 48`` below (``beta(4, 48) = 270725`` steps with 4 slots);
+    longer segments fall back to the loops."""
     return 16 if s_max >= 8 else 48
 
 
-def split_largest(n, s, s_max: int):
+def largest_split(n, s, s_max: int):
     """The largest optimal first split ``j`` of a segment of ``n > s + 1`` steps with ``s >= 2``
     slots (the Revolve cost ``j + t(n - j, s - 1) + t(j, s)`` is flat over a range of ``j``;
     :func:`split` returns its smallest end). Larger left parts keep more of the reversal in long
@@ -120,9 +121,8 @@ def optimum(n, s):
 
     When ``s`` is concrete (a NumPy array, as in the placement rule), ``r(n, s)`` is counted off
     a trace-time table of ``beta(s, r)`` for ``r`` up to ``table_depth(max(s))``: a comparison
-    per table entry, no loop and no division. Only if some element needs a larger ``r`` does the
-    loop run (over 20000 steps, the placement rule's segments need ``r <= 16`` with 8 slots,
-    ``r <= 6`` with 16 or more, and ``r <= 42`` with 4). With ``s`` traced: one loop over the
+    per table entry, no loop and no division. Only if some element needs a larger ``r``
+    (:func:`table_depth`) does the loop run. With ``s`` traced: one loop over the
     repetition number, shared by all elements (as many iterations as the largest ``r(n, s)``,
     each an integer division per element); ``s == 1`` and ``n <= 1`` take no iterations.
     """

@@ -23,7 +23,7 @@ from jax.extend import core as jex_core
 Mask = tuple[bool, ...]
 
 
-def split(seq: Sequence, sizes: Sequence[int]) -> list[list]:
+def cut(seq: Sequence, sizes: Sequence[int]) -> list[list]:
     """Split ``seq`` into consecutive lists of the given sizes (the rest, if any, is dropped)."""
     out, i = [], 0
     for n in sizes:
@@ -182,9 +182,9 @@ def jvp_body(body: Body, mc: Mask, mk: Mask, mx: Mask) -> tuple[Body, Mask, Mask
     n_kt, n_yt = sum(mk_fix), sum(my)
 
     def augmented(*args):
-        c, cd, k, kd, x, xd = split(args, sizes_in)
+        c, cd, k, kd, x, xd = cut(args, sizes_in)
         out = jex_core.jaxpr_as_fun(jaxpr_jvp)(*c, *k, *x, *cd, *kd, *xd)
-        kp, yp, kt, yt = split(out, [nk, ny, n_kt, n_yt])
+        kp, yp, kt, yt = cut(out, [nk, ny, n_kt, n_yt])
         return [*kp, *kt, *yp, *yt]
 
     def tangent_avals(avals, mask):

@@ -5,7 +5,7 @@ these under ``jax.vmap``, see :mod:`._levels`), so it only uses ``jax.lax``. Cos
 of ``N`` steps and a schedule with ``t`` plain evaluations and ``S`` slots:
 
 - :func:`forward`: ``N`` plain evaluations; memory: the carry, the ``ys`` (``O(N)`` by nature)
-  and, with a plan, ``S`` snapshots plus the state ``u_{N-1}``.
+  and, with tables, ``S`` snapshots plus the state ``u_{N-1}``.
 - :func:`adjoint`: from saved snapshots ``t - (N - 1)`` plain and ``N`` recorded evaluations,
   otherwise ``t`` plain and ``N`` recorded; memory: ``S`` snapshots, the carry and its
   cotangent, one step's VJP working set, and the cotangents of ``xs`` (``O(N)``, only if wanted).
@@ -26,10 +26,10 @@ from jax import lax
 
 from . import _machine as machine
 from ._body import Body, is_float
-from ..schedules._online import online_decisions
+from ..schedules import online_decisions
 from ._offload import Offload, Segments, tags_of, thinning_slot
 from ._placement import store_slot
-from ._plan import Plan
+from ._tables import Tables
 
 i32 = jnp.int32
 
@@ -107,21 +107,21 @@ def _confined(seeds, sweep, zero, axes):
 # ----------------------------------------------------------------------------- forward sweeps
 
 
-def forward(body: Body, length: int, consts, carry, xs, plan: Plan | None = None, *,
+def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = None, *,
             ys: bool = True, slots=None, unroll=1, batched=False, off: Offload | None = None):
     """Run all ``N = length`` steps. Returns ``(carry_N, ys, snaps)``: the stacked per-step
-    outputs (none unless ``ys``), and with a ``plan`` its snapshots, ``S`` rows of each stored
+    outputs (none unless ``ys``), and with ``tables`` the snapshots, ``S`` rows of each stored
     carry leaf (written into ``slots`` if given) followed by the stored leaves of ``u_{N-1}``.
-    Snapshots of offloaded slots go to the store of ``off`` (required if the plan has some)."""
-    n = plan.length if plan is not None else length
+    Snapshots of offloaded slots go to the store of ``off`` (required if the tables have some)."""
+    n = tables.length if tables is not None else length
     step = body.runner(batched)
     ys_buf = _zeros(body.y_avals, (n,)) if ys else []
-    if plan is not None and slots is None:
-        slots = _zeros(body.snapshot_avals, (plan.n_slots,))
+    if tables is not None and slots is None:
+        slots = _zeros(body.snapshot_avals, (tables.n_slots,))
 
     def advance(i, state):
         carry, ys_buf, slots, ptr = state
-        if plan is not None:
+        if tables is not None:
             hit = steps[ptr] == i
             k, keep = where[ptr], hit
             if off is not None:  # an offloaded slot's snapshot goes to its store
@@ -134,13 +134,13 @@ def forward(body: Body, length: int, consts, carry, xs, plan: Plan | None = None
         new, y = step(consts, carry, _slice(xs, i))
         return new, _put(ys_buf, y, i) if ys else ys_buf, slots, ptr
 
-    if plan is not None:
-        steps = jnp.asarray(np.append(plan.store_steps, n).astype(np.int32))
-        where = jnp.asarray(np.append(plan.store_slots, 0).astype(np.int32))
-    state = (list(carry), ys_buf, list(slots) if plan is not None else [], i32(0))
+    if tables is not None:
+        steps = jnp.asarray(np.append(tables.store_steps, n).astype(np.int32))
+        where = jnp.asarray(np.append(tables.store_slots, 0).astype(np.int32))
+    state = (list(carry), ys_buf, list(slots) if tables is not None else [], i32(0))
     if n == 0:  # nothing to trace (a step would index an empty xs)
-        return list(carry), ys_buf, ([*state[2], *body.snapshot(carry)] if plan else [])
-    if plan is None:
+        return list(carry), ys_buf, ([*state[2], *body.snapshot(carry)] if tables else [])
+    if tables is None:
         carry, ys_buf, _, _ = lax.fori_loop(0, n, advance, state, unroll=unroll)
         return carry, ys_buf, []
     # The last step is taken apart: its state u_{N-1} is the reverse sweep's first.
@@ -183,7 +183,7 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
     def run(place, go, state):
         def one(state):
             n, carry, slots, held = state
-            if save:
+            if place is not None:
                 slots, held = place(n, body.snapshot(carry), slots, held)
             carry, _ = step(consts, carry, [])
             return n + 1, carry, slots, held
@@ -198,29 +198,30 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
         off = Offload.open(layout, n_device=0)
         n, carry, _, held = run(lambda *a: _place_thinned(*a, off=off), go, state)
         return carry, n, [off.handle, *tags_of(body.snapshot(carry))], held
+    place = _placement(n_slots, max_steps)
+    n, carry, slots, held = run(place, go, state)
+    return carry, n, slots, held
+
+
+def _placement(n_slots: int, max_steps):
+    """Store ``u_n`` where the ``Online`` rule puts it: read off a table of its decisions for
+    the first steps, and evaluated beyond the table (only in a loop that may run that long)."""
     table = _decisions(n_slots, max_steps)
     m = table.shape[0]
-    state = run(lambda *a: _place_from(table, *a), lambda st: go(st) & (st[0] < m), state)
-    if max_steps is None or max_steps > m:  # beyond the table: evaluate the rule
-        state = run(_place_by_rule, go, state)
-    n, carry, slots, held = state
-    return carry, n, slots, held
+
+    def place(n, snap, slots, held):
+        k = table[jnp.minimum(n, m - 1)]
+        if max_steps is None or max_steps > m:
+            k = lax.cond(n < m, lambda h: k, lambda h: store_slot(n, h, n_slots), held)
+        return _stored(n, k, snap, slots, held)
+
+    return place
 
 
 def _stored(n, k, snap, slots, held, off=None):
     """``u_n`` in slot ``k`` (nothing if ``k < 0``); with ``off``, in its store."""
     held = jnp.where(k >= 0, held.at[jnp.maximum(k, 0)].set(n), held)
     return _store(slots, k, snap, off, n), held
-
-
-def _place_from(table, n, snap, slots, held):
-    """Store ``u_n`` where the ``Online`` rule puts it, read off ``table``."""
-    return _stored(n, table[jnp.minimum(n, table.shape[0] - 1)], snap, slots, held)
-
-
-def _place_by_rule(n, snap, slots, held):
-    """Store ``u_n`` where the ``Online`` rule puts it, evaluating the rule."""
-    return _stored(n, store_slot(n, held, held.shape[0]), snap, slots, held)
 
 
 def _place_thinned(n, snap, slots, held, off):
@@ -337,8 +338,9 @@ class _Steps:
         return lax.fori_loop(act.first, act.stop - 1, one, (cur, slots))
 
     def leaf_records(self, act, idx, cur, slots, kbar, cbar, xbar):
-        """A leaf's records, last step first: the last state from the state at hand (or its slot,
-        if the leaf's last state is held), the others each straight from its slot."""
+        """A leaf's records, last step first: the last from the state at hand (or its slot, if
+        the leaf's last state is held), the others each straight from its slot (no state carried
+        from record to record)."""
         last = act.stop - 1
         cur = _load(slots, jnp.where(act.fresh != 0, -1, idx[last - act.start]), cur)
         state = self.record(last, cur, kbar, cbar, xbar)
@@ -360,7 +362,7 @@ class _Binomial:
     leaf_slots = staticmethod(machine.leaf_slots)
 
 
-class _Table:
+class _RowSource:
     """Macro-actions read off a table of rows (each leaf records one step, at hand)."""
 
     def __init__(self, rows, n_slots):
@@ -417,15 +419,15 @@ def _cotangent_init(body, consts, xs, keep=None):
     return consts_bar, xs_bar
 
 
-def _source(plan: Plan):
-    if plan.rows is not None:
-        return _Table(plan.rows, plan.n_slots)
-    steps, slots, count = plan.held
-    return _Binomial(plan.n_slots, jnp.asarray(steps), jnp.asarray(slots), count, plan.length,
+def _source(tables: Tables):
+    if tables.rows is not None:
+        return _RowSource(tables.rows, tables.n_slots)
+    steps, slots, count = tables.held
+    return _Binomial(tables.n_slots, jnp.asarray(steps), jnp.asarray(slots), count, tables.length,
                      at_hand=True)
 
 
-def adjoint(body: Body, plan: Plan, consts, carry0, xs, snaps, carry_bar, ys_bar, ymask,
+def adjoint(body: Body, tables: Tables, consts, carry0, xs, snaps, carry_bar, ys_bar, ymask,
             keep=None, axes=()):
     """Execute the schedule's reverse sweep from the forward sweep's snapshots ``snaps`` (as
     :func:`forward` returns them), or, with ``snaps is None``, its forward sweep first; return
@@ -438,7 +440,7 @@ def adjoint(body: Body, plan: Plan, consts, carry0, xs, snaps, carry_bar, ys_bar
     the names of the ``vmap`` axes this runs under (see :func:`_confined`).
     """
     consts_bar, xs_bar = _cotangent_init(body, consts, xs, keep)
-    if plan.length == 0:
+    if tables.length == 0:
         return consts_bar, list(carry_bar), xs_bar
     steps = _Steps(body, consts, xs, ys_bar, ymask, keep, bool(axes))
     ns = sum(body.stored)
@@ -447,7 +449,7 @@ def adjoint(body: Body, plan: Plan, consts, carry0, xs, snaps, carry_bar, ys_bar
         steps.off = off
         if off is not None:  # the stored snapshots are batched as u_{N-1} is
             off.tags = tags_of(snaps[ns:])
-        kbar, cbar, xbar = _reverse(steps, _source(plan), snaps[ns:], snaps[:ns], carry_bar,
+        kbar, cbar, xbar = _reverse(steps, _source(tables), snaps[ns:], snaps[:ns], carry_bar,
                                     consts_bar, xs_bar)
         if off is not None:  # the last read of the store: release it
             off.close()
@@ -455,15 +457,15 @@ def adjoint(body: Body, plan: Plan, consts, carry0, xs, snaps, carry_bar, ys_bar
 
     if snaps is not None:
         snaps = list(snaps)
-        if plan.offload is None:
+        if tables.offload is None:
             return sweep(snaps)
-        return sweep(snaps[:-1], Offload(plan.offload, snaps[-1]))
+        return sweep(snaps[:-1], Offload(tables.offload, snaps[-1]))
 
     def own():
-        rows = _zeros_after(body.snapshot_avals, (plan.n_slots,), [*carry_bar, *carry0])
-        off = Offload.open(plan.offload) if plan.offload is not None else None
-        _, _, laid = forward(body, plan.length, consts, carry0, xs, plan, ys=False, slots=rows,
-                             batched=bool(axes), off=off)
+        rows = _zeros_after(body.snapshot_avals, (tables.n_slots,), [*carry_bar, *carry0])
+        off = Offload.open(tables.offload) if tables.offload is not None else None
+        _, _, laid = forward(body, tables.length, consts, carry0, xs, tables, ys=False,
+                             slots=rows, batched=bool(axes), off=off)
         return sweep(laid, off)
 
     def zero():
@@ -524,15 +526,10 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
         return sweep_offloaded(off.handle, state[2], tags_of(state[0]))
 
     def own():
-        table = _decisions(n_slots, max_steps)
-        m = table.shape[0]
         state = (body.snapshot(carry0),
                  _zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
                  jnp.full((n_slots,), -1, i32))
-        state = lax.fori_loop(0, jnp.minimum(n_steps, m), replay(
-            lambda *a: _place_from(table, *a)), state)
-        if max_steps is None or max_steps > m:
-            state = lax.fori_loop(m, n_steps, replay(_place_by_rule), state)
+        state = lax.fori_loop(0, n_steps, replay(_placement(n_slots, max_steps)), state)
         return sweep(state[1], state[2])
 
     def zero():

@@ -159,8 +159,8 @@ def jvp_rule(unbatched: Callable):
 
 def transpose_rule(unbatched: Callable):
     """The transpose rule of a primitive with ``levels``: ``vmap`` of ``unbatched(cts, *args,
-    **params)``, peeling the outermost level; the cotangent of a linear input without a batch
-    axis is summed over the batch."""
+    **params)``, peeling the outermost level; the cotangent of an output without a batch axis is
+    shared out equally over the batch, and that of a linear input without one is summed."""
 
     def rule(cts, *args, levels, **params):
         if not levels:
@@ -185,15 +185,20 @@ def transpose_rule(unbatched: Callable):
             got[:] = [r is not None and type(r) is not ad.Zero for r in res]
             return [r if g else _placeholder() for r, g in zip(res, got)]
 
+        # An output without a batch axis is one value that every element computes alike (its
+        # inputs are unbatched, or a collective over the axis made it so): its cotangent is
+        # shared out equally, so that the elements' contributions add up to it once.
+        shared = [c if d is not None else jnp.broadcast_to(c / level.size, (level.size, *c.shape))
+                  for c, d, m in zip(cts, level.out_axes, ct_nz) if m]
         n_undef = sum(undef)
         fun = jax.vmap(
             f,
             in_axes=([d for d, u in zip(level.in_axes, undef) if not u],
-                     [d for d, m in zip(level.out_axes, ct_nz) if m]),
+                     [0 if d is None else d for d, m in zip(level.out_axes, ct_nz) if m]),
             out_axes=[0] * n_undef, axis_size=level.size, axis_name=level.name,
             spmd_axis_name=level.spmd_name,
         )
-        res = fun([a for a, u in zip(args, undef) if not u], [c for c, m in zip(cts, ct_nz) if m])
+        res = fun([a for a, u in zip(args, undef) if not u], shared)
         out, it = [], iter(zip(res, got, [d for d, u in zip(level.in_axes, undef) if u]))
         for u in undef:
             if not u:

@@ -1,6 +1,6 @@
 """The binomial reversal, generated inside a compiled program as a stream of macro-actions.
 
-The in-graph twin of :func:`retrograde.schedules._revolve.reverse_held`: reverse the segments
+The in-graph twin of :func:`retrograde.schedules.reverse_held`: reverse the segments
 ``[p_0, p_1), ..., [p_{m-1}, N)`` between held snapshots, last first, each by Revolve with its
 own slot and every free slot at the time (a segment's slot is freed once it is done). State:
 a few int32 registers, a task stack of ``2 S + 4`` rows and the free list (``O(S)`` integers for
@@ -32,7 +32,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jax import lax, tree_util
 
-from ._binomial import split_largest
+from ._binomial import largest_split
 
 i32 = jnp.int32
 
@@ -191,7 +191,7 @@ def _task(r, free):
     one_slot = (s == 1) & ~leafy
     trivial = leafy | one_slot | (r["phase"] != P_TASK)
     s_max = free.shape[0] + 1  # a task holds at most every slot plus its own
-    j = lax.cond(trivial, lambda: i32(1), lambda: split_largest(n, jnp.maximum(s, 2), s_max))
+    j = lax.cond(trivial, lambda: i32(1), lambda: largest_split(n, jnp.maximum(s, 2), s_max))
     m = a + j
     last = m == b - 1  # the right part is one step: advance, then record it (no snapshot)
     new_slot = _read(free, r["fp"] - 1)

@@ -87,7 +87,7 @@ effects.ordered_effects.add_type(OffloadEffect)
 class Layout:
     """Where the slots of a compiled loop live.
 
-    Slot ``k`` (as numbered in a :class:`~._plan.Plan`'s tables) is slot ``slot[k]`` of the
+    Slot ``k`` (as numbered in a :class:`~._tables.Tables`) is slot ``slot[k]`` of the
     schedule's level ``level[k]``; slots ``0 .. n_device - 1`` are in device memory, the others
     (the *offloaded* slots, ``j = k - n_device``) in host stores.
     """

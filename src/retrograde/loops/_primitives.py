@@ -47,12 +47,12 @@ from jax.extend.core import Primitive
 
 from ..schedules import Schedule
 from . import _levels
-from ._body import Body, is_float, jvp_body, split
+from ._body import Body, cut, is_float, jvp_body
 from ._execute import adjoint, adjoint_while, advance_steps, forward
 from ._offload import (
     Layout, Offload, release_with, stored_effects, two_level, unread_snapshots_dce,
 )
-from ._plan import compile_plan
+from ._tables import tables_for
 
 fwd_p = Primitive("retrograde_forward")
 tan_p = Primitive("retrograde_tangent")
@@ -106,10 +106,10 @@ class Extent:
         """Snapshot slots (in device memory)."""
         if self.dynamic:
             return self.schedule.snapshots
-        return compile_plan(self.schedule, self.length).n_slots
+        return tables_for(self.schedule, self.length).n_slots
 
-    def plan(self):
-        return compile_plan(self.schedule, self.length)
+    def tables(self):
+        return tables_for(self.schedule, self.length)
 
     @property
     def offload(self) -> Layout | None:
@@ -117,7 +117,7 @@ class Extent:
         ``None``; the snapshots then hold the int32 handle of their store (:meth:`handle_of`)."""
         if self.dynamic:
             return two_level(self.schedule)
-        return self.plan().offload
+        return self.tables().offload
 
     def snapshot_avals(self, body: Body) -> list:
         """The snapshots: ``S`` rows of each stored carry leaf, then the stored leaves of
@@ -146,7 +146,7 @@ class Extent:
 
 
 def _groups(cls, args, sizes):
-    parts = split(args, sizes)
+    parts = cut(args, sizes)
     assert sum(sizes) == len(args), (cls.__name__, sizes, len(args))
     return cls(*parts)
 
@@ -348,9 +348,9 @@ adj_p.def_effectful_abstract_eval(
 
 def _fwd_impl(args, body, extent, save, axes):
     a = FwdArgs.of(args, body)
-    plan = extent.plan() if save else None
-    off = Offload.open(plan.offload) if plan is not None and plan.offload is not None else None
-    carry, ys, snaps = forward(body, extent.length, a.consts, a.carry, a.xs, plan,
+    tables = extent.tables() if save else None
+    off = Offload.open(tables.offload) if tables is not None and tables.offload is not None else None
+    carry, ys, snaps = forward(body, extent.length, a.consts, a.carry, a.xs, tables,
                                unroll=extent.unroll, batched=bool(axes), off=off)
     return [*carry, *ys, *snaps, *([off.handle] if off is not None else [])]
 
@@ -379,7 +379,7 @@ def _adj_impl(args, body, extent, has_snaps, ymask, keep, axes):
                                    a.carry, snaps,
                                    a.carry_bar, keep, axes, extent.offload)
         return [*cbar, *kbar]
-    cbar, kbar, xbar = adjoint(body, extent.plan(), a.consts, a.carry, a.xs,
+    cbar, kbar, xbar = adjoint(body, extent.tables(), a.consts, a.carry, a.xs,
                                a.snaps if has_snaps else None, a.carry_bar, a.ys_bar, ymask,
                                keep, axes)
     return [*cbar, *kbar, *xbar]
@@ -425,7 +425,7 @@ def apply_tangent(body, extent, z, snaps, dz, steps=()):
                    [_inst(t) for t in _pick(mk, dk)], _pick(mx, dx))
     outs = tan_p.bind(*_flat(args), body=body, extent=extent, has_snaps=bool(snaps),
                       masks=(mc, mk, mx), levels=())
-    tk, ty = split(outs, [sum(mk), sum(my)])
+    tk, ty = cut(outs, [sum(mk), sum(my)])
     return _expand(mk, tk, body.carry_avals), _expand(my, ty, y_avals)
 
 
@@ -490,7 +490,7 @@ def adjoint_tangent(body, extent, z, dz, w, dw, steps=(), keep=None) -> AdjOuts:
 def _fwd_jvp(primals, tangents, *, body, extent, save, levels):
     a, t = FwdArgs.of(primals, body), FwdArgs.of(tangents, body)
     outs = forward_loop(body, extent, a.consts, a.carry, a.xs, save=True)
-    carry, ys, snaps = split(outs, [body.nk, body.ny, extent.n_snapshots(body)])
+    carry, ys, snaps = cut(outs, [body.nk, body.ny, extent.n_snapshots(body)])
     # When ``save`` is already set, an adjoint of an inner derivative reads these snapshots.
     # The transpose of this tangent then re-lays its own instead of sharing them: sharing would
     # keep them alive (and force a copy) beside the inner derivative's augmented sweeps; this
@@ -557,7 +557,7 @@ def _tan_transpose(cts, *args, body, extent, has_snaps, masks, levels):
     a = TanArgs.of(args, body, extent, has_snaps, masks)
     if any(_undef(v) for v in [*a.steps, *a.consts, *a.carry, *a.xs, *a.snaps]):
         raise NotImplementedError("retrograde: tan_p is linear only in its tangent inputs.")
-    ctk, cty = split(cts, [sum(mk), sum(my)])
+    ctk, cty = cut(cts, [sum(mk), sum(my)])
     y_avals = _ys_avals(body, extent.length) if not extent.dynamic else []
     kbar = _expand(mk, ctk, body.carry_avals)
     ybar = _expand(my, cty, y_avals)
@@ -767,8 +767,10 @@ def _tan_out_axes(data, dims, *, body, extent, has_snaps, masks):
     _unbatched_steps(d.steps)
 
     def union(values, tangents, mask):
-        it = iter(tangents)
-        return [(v is not None) or (m and next(it) is not None) for v, m in zip(values, mask)]
+        batched = [v is not None for v in values]
+        for j, t in zip((j for j, m in enumerate(mask) if m), tangents):
+            batched[j] = batched[j] or t is not None
+        return batched
 
     mc, mk, mx = masks
     carry_b, ys_b = carry_fixpoint(body.jaxpr, data, union(d.consts, d.dconsts, mc),

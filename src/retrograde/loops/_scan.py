@@ -12,15 +12,14 @@ import numpy as np
 from jax import lax, tree_util
 from jax._src import core
 
-from ..schedules import Online, Revolve, Schedule, beta
-from ..schedules._base import check_steps
+from ..schedules import Online, Schedule, check_steps, default_schedule
 from ._body import Body, make_body
 from ._carry import (
     Names, aval_of, cached_wrapper, carry_label, check_pair, check_static_int, check_structure,
     check_types, check_unroll, convert, leaf_array, leaf_paths, sds, step_cache, trace_carry,
     with_weak_types,
 )
-from ._plan import check_offline
+from ._tables import check_offline
 from ._primitives import Extent, forward_loop
 from ._while import _while_loop
 
@@ -29,20 +28,6 @@ X = TypeVar("X")
 Y = TypeVar("Y")
 
 __all__ = ["scan", "fori_loop", "default_schedule"]
-
-
-def default_schedule(length: int) -> Revolve:
-    """The default: ``Revolve(s)`` with the fewest slots such that no step is run plainly more
-    than twice (``beta(s, 2) = (s + 1)(s + 2) / 2 >= N``), i.e. about ``sqrt(2N)`` snapshots.
-
-    Example:
-        >>> default_schedule(10_000)
-        Revolve(snapshots=140)
-    """
-    s = 1
-    while beta(s, 2) < length:
-        s += 1
-    return Revolve(s)
 
 
 def scan(

@@ -28,10 +28,9 @@ from jax._src.interpreters import ad, mlir
 from jax._src.interpreters import partial_eval as pe
 from jax.extend.core import Primitive, jaxpr_as_fun
 
-from ..schedules import Online, Schedule
-from ..schedules._base import check_steps
+from ..schedules import Online, Schedule, check_steps
 from . import _levels
-from ._body import Body, guarded, make_body, split
+from ._body import Body, cut, guarded, make_body
 from ._carry import (
     Names, aval_of, carry_label, check_structure, check_types, convert, leaf_array, leaf_paths, sds,
     step_cache, trace_carry, with_weak_types,
@@ -79,7 +78,7 @@ def _lowered(*args, body, cond, extent, save, levels):
     axes = _levels.names(levels)
 
     def run(*args):
-        c, k = split(args, [body.nc, body.nk])
+        c, k = cut(args, [body.nc, body.nk])
         carry, n, slots, held = forward_while(body, cond, extent.n_slots, extent.max_steps, c, k,
                                               save, axes, extent.offload)
         return [*carry, n, *slots, *([held] if save else [])]
@@ -91,10 +90,10 @@ mlir.register_lowering(wfwd_p, mlir.lower_fun(_lowered, multiple_results=True))
 
 
 def _jvp(primals, tangents, *, body, cond, extent, save, levels):
-    c, k = split(primals, [body.nc, body.nk])
-    dc, dk = split(tangents, [body.nc, body.nk])
+    c, k = cut(primals, [body.nc, body.nk])
+    dc, dk = cut(tangents, [body.nc, body.nk])
     outs = wfwd_p.bind(*primals, body=body, cond=cond, extent=extent, save=True, levels=())
-    carry, (n,), snaps = split(outs, [body.nk, 1, extent.n_snapshots(body)])
+    carry, (n,), snaps = cut(outs, [body.nk, 1, extent.n_snapshots(body)])
     # As in ``_primitives._fwd_jvp``: at higher order the transpose re-lays its own snapshots.
     tk, _ = apply_tangent(body, extent, (c, k, []), [] if save else snaps, (dc, dk, []),
                           steps=[n])
@@ -110,7 +109,7 @@ ad.primitive_jvps[wfwd_p] = _levels.jvp_rule(_jvp)
 def _out_axes(data, dims, *, body, cond, extent, save):
     """The guarded step makes every carry leaf batched when the predicate is; the step count
     and the held steps never are (the loop runs while any element goes on)."""
-    dc, dk = split(dims, [body.nc, body.nk])
+    dc, dk = cut(dims, [body.nc, body.nk])
     carry_b, _ = carry_fixpoint(body.jaxpr, data, [d is not None for d in dc],
                                 [d is not None for d in dk], [], body.nk)
     out = [0 if b else None for b in carry_b] + [None]
@@ -326,8 +325,9 @@ def _trace_while(cond_fun, body_fun, fast_fun, tree, flat: list, stored, names: 
     def general(c, k):
         return fb(*c[:nb0], *k)
 
-    step = general
-    if fast_where is not None:
+    if fast_where is None:
+        step = general
+    else:
         ff = jaxpr_as_fun(fast0.jaxpr)
 
         def step(c, k):

@@ -1,23 +1,37 @@
 """Checkpointing schedules in pure Python (no JAX is imported here).
 
 A schedule describes how to reverse ``N`` steps of ``u_{n+1} = step(u_n)`` with a bounded number
-of stored states. :func:`simulate` executes a schedule symbolically, proves it valid and counts
-its cost. See :mod:`retrograde.schedules._actions` for the action vocabulary.
+of stored states, as a stream of actions (:mod:`retrograde.schedules._actions`: the vocabulary,
+and :class:`Executor`, the one way to execute them). :func:`simulate` executes a schedule
+symbolically (:class:`Simulator`), proves it valid and counts its cost.
 """
 
-from ._actions import Action, Advance, End, Free, Record, Restore, Store
-from ._base import Level, OfflineSchedule, OnlineRun, OnlineSchedule, Schedule
+from ._actions import Action, Advance, End, Executor, Free, Record, Restore, ScheduleError, Store
+from ._actions import relabel
+from ._base import (
+    Level, OfflineSchedule, OnlineRun, OnlineSchedule, Schedule, check_snapshots, check_steps,
+    schedule_stream,
+)
 from ._optimum import beta, repetition_number, revolve_optimum
-from ._revolve import Revolve, binomial_reversal
+from ._revolve import Revolve, binomial_reversal, largest_split, reverse_held, revolve_split
 from ._simple import Periodic, RecomputeAll, StoreAll
-from ._simulate import ScheduleError, Stats, execute, simulate
-from ._online import Online
+from ._simulate import Simulator, Stats, execute, simulate
+from ._online import (
+    Online, online_decisions, online_store_slot, online_targets, online_totals, segment_cost,
+)
 from ._multilevel import MultiLevel
+from ._default import default_schedule, default_snapshots
 
 __all__ = [
     "Action", "Advance", "End", "Free", "Record", "Restore", "Store",
+    "Executor", "ScheduleError", "relabel", "schedule_stream",
     "Level", "OfflineSchedule", "OnlineRun", "OnlineSchedule", "Schedule",
+    "check_steps", "check_snapshots",
     "beta", "repetition_number", "revolve_optimum",
-    "Revolve", "binomial_reversal", "Periodic", "RecomputeAll", "StoreAll", "Online", "MultiLevel",
-    "ScheduleError", "Stats", "execute", "simulate",
+    "Revolve", "binomial_reversal", "reverse_held", "revolve_split", "largest_split",
+    "Periodic", "RecomputeAll", "StoreAll",
+    "Online", "online_decisions", "online_store_slot", "online_targets", "online_totals",
+    "segment_cost",
+    "MultiLevel", "default_schedule", "default_snapshots",
+    "Simulator", "Stats", "execute", "simulate",
 ]

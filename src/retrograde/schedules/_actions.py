@@ -1,9 +1,9 @@
 """The action vocabulary that every schedule speaks.
 
-A schedule for ``N`` steps of ``u_{n+1} = step(u_n)`` is executed by a machine that holds one
+A schedule for ``N`` steps of ``u_{n+1} = step(u_n)`` is executed by an executor that holds one
 *current* state (the state ``u_n`` "at hand") and a number of snapshot slots on one or more
 storage levels (level 0 is the fastest, e.g. device memory; later levels may be host memory
-or disk). The machine understands six actions:
+or disk). The vocabulary has six actions:
 
 =============================  ==============================================================
 ``Advance(start, stop)``       Plain evaluation of steps ``start .. stop-1``: the current state
@@ -21,13 +21,19 @@ or disk). The machine understands six actions:
 =============================  ==============================================================
 
 Actions are small immutable tuples, so that a schedule can stream millions of them cheaply.
+Whatever executes them (the simulator, the host loop driver, the picture of a schedule, the
+compiled loops' row tables) is an :class:`Executor`: one method per action kind, one dispatch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple, Union
 
-__all__ = ["Advance", "Store", "Restore", "Free", "Record", "End", "Action"]
+__all__ = [
+    "Advance", "Store", "Restore", "Free", "Record", "End", "Action", "ScheduleError",
+    "Executor", "relabel",
+]
 
 
 class Advance(NamedTuple):
@@ -98,3 +104,119 @@ class End(NamedTuple):
 
 
 Action = Union[Advance, Store, Restore, Free, Record, End]
+
+
+class ScheduleError(RuntimeError):
+    """A schedule asked for something impossible (restore of an empty slot, a recorded step
+    without its state at hand, too many slots, ...).
+
+    Example:
+        >>> from retrograde.schedules import Level, Record, ScheduleError, execute
+        >>> try:
+        ...     execute([Record(0)], 2, (Level(None),))
+        ... except ScheduleError as e:
+        ...     print(e)
+        Record(step=0): the next step to record is 1.
+    """
+
+
+_METHODS = {
+    Advance: "advance", Store: "store", Restore: "restore", Free: "free", Record: "record",
+    End: "end",
+}
+
+
+class Executor:
+    """Base of everything that executes actions: one method per action kind (``advance``,
+    ``store``, ``restore``, ``free``, ``record``, ``end``, each taking the action), and
+    :meth:`execute`/:meth:`run`, which dispatch to them. A subclass overrides the kinds it acts
+    on; the others do nothing. ``End`` ends the stream: any action after it, and any object
+    that is not an action, raises :class:`ScheduleError`. For speed, a subclass's methods are
+    looked up once, when the class is created: define them in the class body.
+
+    Example, counting the plain evaluations of a stream:
+        >>> from retrograde.schedules import Executor, Revolve
+        >>> class Plain(Executor):
+        ...     count = 0
+        ...     def advance(self, a):
+        ...         self.count += a.stop - a.start
+        >>> Plain().run(Revolve(3).actions(10)).count   # revolve_optimum(10, 3)
+        15
+    """
+
+    #: Whether ``End`` was executed.
+    ended: bool = False
+    _kinds: dict = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._kinds = {kind: getattr(cls, name) for kind, name in _METHODS.items()}
+
+    def execute(self, action: Action) -> None:
+        """Execute one action: call the method named after its kind."""
+        if self.ended:
+            raise ScheduleError(f"{action} after End().")
+        method = self._kinds.get(type(action))
+        if method is None:
+            raise ScheduleError(f"Unknown action {action!r}.")
+        method(self, action)
+        if type(action) is End:
+            self.ended = True
+
+    def run(self, actions: Iterable[Action]):
+        """Execute every action of ``actions`` in order (as :meth:`execute`); returns ``self``."""
+        kinds = self._kinds
+        for action in actions:
+            kind = type(action)
+            method = kinds.get(kind)
+            if method is None or self.ended:
+                self.execute(action)  # raises
+            method(self, action)
+            if kind is End:
+                self.ended = True
+        return self
+
+    def advance(self, action: Advance) -> None:
+        """Plain evaluation of steps ``action.start .. action.stop - 1``."""
+
+    def store(self, action: Store) -> None:
+        """Copy the state at hand into a slot."""
+
+    def restore(self, action: Restore) -> None:
+        """Make a slot's snapshot the state at hand."""
+
+    def free(self, action: Free) -> None:
+        """Release a slot."""
+
+    def record(self, action: Record) -> None:
+        """Recorded evaluation (step and adjoint) of ``action.step``."""
+
+    def end(self, action: End) -> None:
+        """The end of the schedule."""
+
+
+def relabel(
+    actions: Iterable[Action], offset: int = 0, slots: Sequence[tuple[int, int]] | None = None
+) -> Iterator[Action]:
+    """The actions of ``actions`` with every step number shifted by ``offset`` and, if ``slots``
+    is given, slot ``k`` of level 0 moved to ``slots[k] = (level, slot)``. So a reversal of steps
+    ``0 .. n-1`` in slots ``0 .. s-1`` serves for steps ``offset .. offset+n-1`` in any slots.
+
+    Example:
+        >>> list(relabel([Store(0, 1), Advance(0, 2), Record(2)], 10, [(0, 0), (1, 4)]))
+        [Store(step=10, slot=4, level=1), Advance(start=10, stop=12), Record(step=12)]
+    """
+    for action in actions:
+        kind = type(action)
+        if kind is Advance:
+            yield Advance(action.start + offset, action.stop + offset)
+        elif kind is Record:
+            yield Record(action.step + offset)
+        elif kind is End:
+            yield action
+        else:  # Store, Restore, Free
+            level, slot = (action.level, action.slot) if slots is None else slots[action.slot]
+            yield kind(action.step + offset, slot, level)
+
+
+Executor._kinds = {kind: getattr(Executor, name) for kind, name in _METHODS.items()}

@@ -5,15 +5,19 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
+import operator
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
-from ._actions import Action
+from ._actions import Action, Advance, Free, ScheduleError, Store
 
 #: Where a level's snapshots live in the compiled JAX loops (:attr:`Level.storage`).
 STORAGES = ("device", "host", "disk")
 
-__all__ = ["Level", "Schedule", "OfflineSchedule", "OnlineSchedule", "OnlineRun", "check_steps"]
+__all__ = [
+    "Level", "Schedule", "OfflineSchedule", "OnlineSchedule", "OnlineRun", "check_steps",
+    "check_snapshots", "schedule_stream",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,11 +83,15 @@ class Level:
 
 
 def check_steps(n_steps: int, name: str = "n_steps") -> int:
-    """Validate a step count: a non-negative Python int."""
+    """Validate a step count: a non-negative int (NumPy integers too); ``name`` is the argument
+    named in the error.
+
+    Example:
+        >>> check_steps(10), check_steps(10, "length")
+        (10, 10)
+    """
     if isinstance(n_steps, bool) or not isinstance(n_steps, int):
         try:
-            import operator
-
             n_steps = operator.index(n_steps)
         except TypeError:
             raise TypeError(f"{name} must be an int, got {n_steps!r}.") from None
@@ -93,7 +101,13 @@ def check_steps(n_steps: int, name: str = "n_steps") -> int:
 
 
 def check_snapshots(snapshots: int, name: str = "snapshots") -> int:
-    """Validate a snapshot count: an int >= 1 (the slot holding the initial state counts)."""
+    """Validate a snapshot count: an int >= 1 (the slot holding the initial state counts);
+    ``name`` is the argument named in the error.
+
+    Example:
+        >>> check_snapshots(4, "Revolve(snapshots=...)")
+        4
+    """
     if isinstance(snapshots, bool) or not isinstance(snapshots, int):
         raise TypeError(f"{name} must be an int >= 1, got {snapshots!r}.")
     if snapshots < 1:
@@ -107,7 +121,7 @@ def check_snapshots(snapshots: int, name: str = "snapshots") -> int:
 class Schedule(abc.ABC):
     """Base class of every checkpointing schedule.
 
-    A schedule is an immutable description; executing it is the business of a machine (the
+    A schedule is an immutable description; executing it is the business of an executor (the
     simulator, the JAX loops, the host loop driver) that consumes its actions.
 
     Example:
@@ -132,6 +146,21 @@ class Schedule(abc.ABC):
         return tuple(
             (lvl.slots if lvl.slots is not None else max(n_steps, 1)) for lvl in self.levels
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class MemorySlots:
+    """Mixin of a schedule with ``snapshots`` slots in one memory level (the slot holding the
+    initial state included): the field, its check and the level."""
+
+    snapshots: int
+
+    def __post_init__(self):
+        check_snapshots(self.snapshots, f"{type(self).__name__}(snapshots=...)")
+
+    @property
+    def levels(self) -> tuple[Level, ...]:
+        return (Level(self.snapshots, name="memory"),)
 
 
 class OfflineSchedule(Schedule):
@@ -208,6 +237,28 @@ class OnlineRun(abc.ABC):
     def reverse(self, n_steps: int) -> Iterator[Action]:
         """Actions that reverse the ``n_steps`` steps taken; ``u_{n_steps}`` is at hand."""
 
+    def forward(self, more: Callable[[int], bool]) -> Iterator[Action]:
+        """The forward sweep as actions: for ``n = 0, 1, ...`` while ``more(n)``, the actions of
+        :meth:`on_step` ``(n)`` and then ``Advance(n, n + 1)``. The stream is lazy: ``more(n)`` is
+        asked once the actions before it were executed, with ``u_n`` at hand, so it may read the
+        state (a loop that stops on a condition). The step count is the number of advances.
+
+        Raises :class:`ScheduleError` if ``on_step`` returns anything but ``Store``/``Free``.
+
+        Example:
+            >>> from retrograde.schedules import Online
+            >>> list(Online(3).start().forward(lambda n: n < 1))
+            [Store(step=0, slot=0, level=0), Advance(start=0, stop=1)]
+        """
+        n = 0
+        while more(n):
+            for action in self.on_step(n):
+                if type(action) not in (Store, Free):
+                    raise ScheduleError(f"on_step({n}) returned {action}; only Store/Free allowed.")
+                yield action
+            yield Advance(n, n + 1)
+            n += 1
+
 
 class OnlineSchedule(Schedule):
     """A schedule for loops whose step count is unknown until the forward sweep ends.
@@ -232,3 +283,26 @@ class OnlineSchedule(Schedule):
             "schedule.start() (the online protocol), or an offline schedule such as "
             "Revolve(snapshots) when the step count is known."
         )
+
+
+def schedule_stream(schedule: Schedule, n_steps: int) -> Iterator[Action]:
+    """Every action of ``schedule`` reversing ``n_steps`` steps, offline or online: an online
+    schedule plays its protocol (:meth:`OnlineRun.forward` for ``n_steps`` steps, then
+    :meth:`OnlineRun.reverse`).
+
+    Example:
+        >>> from retrograde.schedules import Revolve
+        >>> list(schedule_stream(Revolve(3), 10)) == list(Revolve(3).actions(10))
+        True
+    """
+    if not isinstance(schedule, (OfflineSchedule, OnlineSchedule)):
+        raise TypeError(f"schedule must be a Schedule such as Revolve(10), got {schedule!r}.")
+    n_steps = check_steps(n_steps)
+    if isinstance(schedule, OfflineSchedule):
+        return schedule.actions(n_steps)
+    return _online_stream(schedule.start(), n_steps)
+
+
+def _online_stream(run: OnlineRun, n_steps: int) -> Iterator[Action]:
+    yield from run.forward(lambda n: n < n_steps)
+    yield from run.reverse(n_steps)

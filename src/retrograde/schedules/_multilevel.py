@@ -4,7 +4,7 @@ Sources: Aupy, Herrmann, Hovland & Robert, "Optimal multistage algorithm for adj
 computation", SISC 38(3) 2016 (Disk-Revolve); Herrmann & Pallez, "H-Revolve", ACM TOMS 46(2)
 2020; Stumm & Walther, SISC 31(3) 2009 (multistage heuristic).
 
-Structure of a plan (all costs in units of one plain step times ``forward_cost``):
+Structure of a solution (all costs in units of one plain step times ``forward_cost``):
 
 * ``M(n)``: reverse ``n`` steps with level 0 only: store the start on level 0 and run Revolve's
   binomial schedule with ``s0`` slots. ``M(n) = u_f t(n, s0) + w_0 (1 + stores) + r_0 (n - 1)``
@@ -32,14 +32,14 @@ import dataclasses
 import functools
 import itertools
 import math
-from math import comb
 from collections.abc import Iterator
 
 import numpy as np
 
-from ._actions import Action, Advance, End, Free, Record, Restore, Store
+from ._actions import Action, Advance, End, Executor, Free, Record, Restore, Store, relabel
 from ._base import Level, OfflineSchedule, check_steps
-from ._revolve import Revolve, _reverse, revolve_split
+from ._optimum import bands, beta, optimum_table
+from ._revolve import Revolve, reverse_segment, revolve_split
 
 __all__ = ["MultiLevel"]
 
@@ -68,8 +68,7 @@ class MultiLevel(OfflineSchedule):
     level 0 (slot 0, as in :class:`Revolve`); with a cheap enough disk it is written to disk (one
     ``w_d``) so that all level-0 slots are free for the segments. Restoring a state costs the read
     cost of the level it is restored from, also right after it was written; a one-step loop stores
-    nothing. Keeping ``u_0`` pinned in a level-0 slot instead gives 2991 / 3273 / 4043 in the
-    example below (not 3246 / 4014).
+    nothing.
 
     **Optimality.** Leading levels with level 0's costs are pooled into one set of fast slots
     (a slot is a slot). Proven-optimal cases (the dynamic programme equals the Disk-Revolve
@@ -92,22 +91,22 @@ class MultiLevel(OfflineSchedule):
     * larger ones get the best of (a) the chain DP above with per-level slot counts (level-0
       segments use Revolve; limited levels try all segment lengths up to 64, then a 6% grid up
       to 8192) and (b) Stumm & Walther's multistage heuristic: Revolve with all limited slots,
-      the most-read slots on the fastest levels. Against the exhaustive DP on 1200 random 2-3
-      level instances (``N <= 28``) their worst gap was 11.4% (mean 0.25%, 87% exact).
+      the most-read slots on the fastest levels (measured gaps to the exhaustive DP:
+      ``docs/choosing-a-schedule.md``).
 
-    Every plan is valid, and every plan contains Revolve on level 0 alone as a candidate, so the
-    cost never exceeds ``Revolve(levels[0].slots)``'s cost under level 0's costs.
+    Every schedule is valid, and the candidates include Revolve on level 0 alone, so the cost
+    never exceeds ``Revolve(levels[0].slots)``'s cost under level 0's costs.
 
     **Generation cost.** ``O(N)`` memory for the tables; time ``O(N |C| + J^2)`` where ``J`` is the
-    longest useful chain segment and ``C`` the candidate segment lengths (about 0.1-1 s at
-    ``N = 1e5``); limited slow levels multiply by their (capped) slot counts. Plans are cached
+    longest useful chain segment and ``C`` the candidate segment lengths; limited slow levels
+    multiply by their (capped) slot counts. Solutions are cached
     per ``(schedule, N)``. Streaming the actions is ``O(N)`` per unit of recomputation, like
     :class:`Revolve`.
 
     Args:
         levels: the storage levels, fastest first (at least one).
         forward_cost: cost of one plain step (``> 0``), the unit of the levels' costs.
-        adjoint_cost: cost of one recorded step (``>= 0``); does not change the plan.
+        adjoint_cost: cost of one recorded step (``>= 0``); does not change the schedule.
 
     Example (Aupy et al.'s example: ``N = 1001``, 10 memory slots, unlimited disk):
         >>> from retrograde.schedules import Level, MultiLevel, simulate
@@ -157,31 +156,31 @@ class MultiLevel(OfflineSchedule):
                 raise ValueError(f"MultiLevel({name}={value!r}) must be a finite number {bound}.")
 
     def cost(self, n_steps: int) -> float:
-        """The total cost of the plan for ``n_steps`` steps: what ``simulate(self, n_steps)``
+        """The total cost of the schedule for ``n_steps`` steps: what ``simulate(self, n_steps)``
         reports as ``total_cost(forward_cost, adjoint_cost)``."""
         n_steps = check_steps(n_steps)
-        return _plan(self.levels, float(self.forward_cost), n_steps).cost + (
+        return _solve(self.levels, float(self.forward_cost), n_steps).cost + (
             n_steps * self.adjoint_cost
         )
 
     def actions(self, n_steps: int) -> Iterator[Action]:
         n_steps = check_steps(n_steps)
         if n_steps:
-            plan = _plan(self.levels, float(self.forward_cost), n_steps)
-            if plan.exact is not None:
-                yield from _emit_exact(plan, n_steps)
-            elif plan.slot_map is not None:
-                yield from _emit_multistage(plan, n_steps)
+            sol = _solve(self.levels, float(self.forward_cost), n_steps)
+            if sol.exact is not None:
+                yield from _emit_exact(sol, n_steps)
+            elif sol.slot_map is not None:
+                yield from _emit_multistage(sol, n_steps)
             else:
-                yield from _emit_chain(plan, n_steps)
+                yield from _emit_chain(sol, n_steps)
         yield End()
 
 
-# ----------------------------------------------------------------------------------- planning
+# ----------------------------------------------------------------------------------- solving
 
 
 @dataclasses.dataclass
-class _Plan:
+class _Solution:
     cost: float  # plain * forward_cost + transfers (recorded steps excluded)
     s0: int
     chain: list  # [(segment length, level)] in forward order
@@ -193,21 +192,10 @@ class _Plan:
     exact: tuple | None = None  # tables of the exhaustive DP
 
 
-def _binomial(n_max: int, s: int) -> tuple[np.ndarray, np.ndarray]:
-    """``t(n, s)`` and ``r(n, s)`` for ``n = 0..n_max`` (``t(n) - t(n-1) = r(n)``)."""
-    rep = np.zeros(n_max + 1, dtype=np.int64)
-    r, lo, hi = 0, 0, 1  # band (beta(s, r-1), beta(s, r)] has repetition number r
-    while hi < n_max:
-        r += 1
-        lo, hi = hi, hi * (s + r) // r
-        rep[lo + 1 : min(hi, n_max) + 1] = r
-    return np.cumsum(rep), rep
-
-
 def _revolve_stores(n_max: int, s0: int) -> np.ndarray:
     """Stores (after the first) that :func:`_mem` emits for ``n = 0..n_max`` steps.
 
-    Revolve's ``_reverse(n, s)`` stores ``W_s(n) = 1 + W_{s-1}(n - j) + W_s(j)`` states (``j`` its
+    Revolve's ``reverse_segment(n, s)`` stores ``W_s(n) = 1 + W_{s-1}(n - j) + W_s(j)`` states (``j`` its
     split; ``W_1 = 0``; ``W_s(n) = n - 1`` when ``s >= n``), ``P_s(n)`` of them (splits with
     ``n - j = 1``) right before recording them; :func:`_mem` drops those, so this is ``W - P``.
     In the band ``beta(s, r-1) < n <= beta(s, r)`` the split is ``j = max(1, beta(s, r-2),
@@ -220,16 +208,13 @@ def _revolve_stores(n_max: int, s0: int) -> np.ndarray:
     for s in range(2, min(s0, n_max) + 1):
         w = np.maximum(steps - 1, 0)
         p = (steps >= 2).astype(np.int64)
-        r, lo, hi = 0, 0, 1
-        while hi < n_max:
-            r += 1
-            lo, hi = hi, hi * (s + r) // r
+        for r, lo, hi in bands(s, n_max):
             ns = np.arange(max(lo + 1, s + 1), min(hi, n_max) + 1)
             if not ns.size:
                 continue
             q = r - 1
-            beta_prev = comb(s + q - 1, s) if q else 0
-            j = np.maximum(max(1, beta_prev), ns - comb(s + q, s - 1))
+            beta_prev = beta(s, q - 1) if q else 0
+            j = np.maximum(max(1, beta_prev), ns - beta(s - 1, q + 1))
             ok = j <= np.minimum(ns - 1, lo - 1)  # lo = beta(s, q)
             for i in np.flatnonzero(~ok):  # rare (n = beta(s, r)): the general search
                 j[i] = revolve_split(int(ns[i]), s)[0]
@@ -258,7 +243,7 @@ def _one_d(m_cost: np.ndarray, j_max: int, uf: float, rk: float) -> tuple[np.nda
 
 
 @functools.lru_cache(maxsize=16)
-def _plan(levels: tuple[Level, ...], uf: float, n: int) -> _Plan:
+def _solve(levels: tuple[Level, ...], uf: float, n: int) -> _Solution:
     lvl0 = levels[0]
     w0, r0 = lvl0.write_cost, lvl0.read_cost
     # Leading levels with level 0's costs are one pool of fast slots (a slot is a slot).
@@ -271,16 +256,16 @@ def _plan(levels: tuple[Level, ...], uf: float, n: int) -> _Plan:
     if front > 1:
         vmap = [(k, i) for k in range(front) for i in range(min(pool[k] or s0, s0))][:s0]
     steps = np.arange(n + 1)
-    t0, _ = _binomial(n, s0)
+    t0, _ = optimum_table(n, s0)
     m_cost = uf * t0.astype(float) + r0 * np.maximum(steps - 1, 0)
     if w0:
         m_cost += w0 * (1 + _revolve_stores(n, s0))
     m_cost[:2] = 0.0
     if front == len(levels) or n <= 1:
-        return _Plan(float(m_cost[n]), s0, [], {}, vmap=vmap)
+        return _Solution(float(m_cost[n]), s0, [], {}, vmap=vmap)
 
     # Candidate segment lengths and 1-D tables for each slow level.
-    t1, rep1 = _binomial(n, s0 + 1)
+    t1, rep1 = optimum_table(n, s0 + 1)
     lb = uf * t1.astype(float)
     ub = m_cost.copy()
     segs: dict[int, tuple[list, np.ndarray]] = {}
@@ -378,26 +363,26 @@ def _plan(levels: tuple[Level, ...], uf: float, n: int) -> _Plan:
     while u_choice[m]:
         chain.append((int(u_choice[m]), top))
         m -= int(u_choice[m])
-    plan = _Plan(best, s0, chain, one_d, vmap=vmap)
+    sol = _Solution(best, s0, chain, one_d, vmap=vmap)
 
     if limited:
         ms = _multistage(levels, uf, n, s0)
-        if ms is not None and ms.cost < plan.cost - _TOL:
-            plan = ms
+        if ms is not None and ms.cost < sol.cost - _TOL:
+            sol = ms
     proven = not (w0 or r0) and len(levels) - front == 1 and not limited and j_capped is False
     if not proven:
         vlevels = (Level(s0, w0, r0),) + levels[front:]
         ex = _exact(vlevels, uf, n)
-        if ex is not None and ex.cost < plan.cost - _TOL:
+        if ex is not None and ex.cost < sol.cost - _TOL:
             ex.vmap, ex.front = vmap, front
-            plan = ex
-    return plan
+            sol = ex
+    return sol
 
 
 _EXACT_BUDGET = 40_000_000  # element-operations of the exhaustive DP
 
 
-def _exact(vlevels: tuple[Level, ...], uf: float, n: int) -> _Plan | None:
+def _exact(vlevels: tuple[Level, ...], uf: float, n: int) -> _Solution | None:
     """Exhaustive DP over recursive schedules on any levels, when it is small enough.
 
     ``G(m, F, loc)``: reverse ``m`` steps whose start is at hand, held on level ``loc`` (or not
@@ -464,28 +449,19 @@ def _exact(vlevels: tuple[Level, ...], uf: float, n: int) -> _Plan | None:
             choice = np.where(better, loc, choice)
         g_none[:, m], ch_none[:, m] = best, choice
     top = sum(caps[k] * stride[k] for k in limited)
-    plan = _Plan(float(g_none[top, n]), 0, [], {})
-    plan.exact = (ch, ch_none, stride, top, nv)
-    return plan
+    sol = _Solution(float(g_none[top, n]), 0, [], {})
+    sol.exact = (ch, ch_none, stride, top, nv)
+    return sol
 
 
-def _multistage(levels: tuple[Level, ...], uf: float, n: int, s0: int) -> _Plan | None:
+def _multistage(levels: tuple[Level, ...], uf: float, n: int, s0: int) -> _Solution | None:
     """Revolve with every limited slot; most-read slots on the fastest levels."""
     caps = [lvl.slots for lvl in levels if lvl.slots is not None]
     total = min(sum(caps), n)
     if total <= s0:
         return None
-    reads = [0] * total
-    writes = [0] * total
-    plain = 0
-    for act in Revolve(total).actions(n):
-        t = type(act)
-        if t is Restore:
-            reads[act.slot] += 1
-        elif t is Store:
-            writes[act.slot] += 1
-        elif t is Advance:
-            plain += act.stop - act.start
+    use = _SlotUse(total).run(Revolve(total).actions(n))
+    plain, reads, writes = use.plain, use.reads, use.writes
     order = sorted(range(total), key=lambda i: (-reads[i], -writes[i], i))
     slot_map: list = [None] * total
     cost = uf * plain
@@ -497,7 +473,23 @@ def _multistage(levels: tuple[Level, ...], uf: float, n: int, s0: int) -> _Plan 
         slot_map[i] = (lvl, used[lvl])
         used[lvl] += 1
         cost += writes[i] * levels[lvl].write_cost + reads[i] * levels[lvl].read_cost
-    return _Plan(cost, 0, [], {}, slot_map, total)
+    return _Solution(cost, 0, [], {}, slot_map, total)
+
+
+class _SlotUse(Executor):
+    """Plain evaluations, and writes and reads per slot, of a stream on one level."""
+
+    def __init__(self, slots: int):
+        self.plain, self.writes, self.reads = 0, [0] * slots, [0] * slots
+
+    def advance(self, action: Advance) -> None:
+        self.plain += action.stop - action.start
+
+    def store(self, action: Store) -> None:
+        self.writes[action.slot] += 1
+
+    def restore(self, action: Restore) -> None:
+        self.reads[action.slot] += 1
 
 
 # ----------------------------------------------------------------------------------- emission
@@ -508,7 +500,7 @@ def _mem(a: int, n: int, s0: int, vmap: list | None = None) -> Iterator[Action]:
 
     Revolve stores the last state of a segment right before recording it (``Store(m)``,
     ``Record(m)``, ``Free(m)``); that write is useless and is dropped here. Chains repeat the
-    same segment lengths, so short segments are planned once and shifted.
+    same segment lengths, so short segments are generated once and shifted.
     """
     if n == 1:
         yield Record(a)
@@ -517,15 +509,7 @@ def _mem(a: int, n: int, s0: int, vmap: list | None = None) -> Iterator[Action]:
     if vmap is None and not a:
         yield from rel
         return
-    for act in rel:
-        t = type(act)
-        if t is Record:
-            yield Record(act.step + a)
-        elif t is Advance:
-            yield Advance(act.start + a, act.stop + a)
-        else:
-            lvl, slot = vmap[act.slot] if vmap is not None else (0, act.slot)
-            yield t(act.step + a, slot, lvl)
+    yield from relabel(rel, a, vmap)
 
 
 _SEGMENT_CACHE_STEPS = 2048
@@ -537,11 +521,12 @@ def _mem_relative(n: int, s: int) -> tuple[Action, ...]:
 
 
 def _mem_stream(n: int, s0: int) -> Iterator[Action]:
-    """:func:`_mem` for ``a = 0`` and ``n >= 2``, streamed from Revolve's ``_reverse``."""
+    """:func:`_mem` for ``a = 0`` and ``n >= 2``, streamed from Revolve's
+    :func:`~retrograde.schedules._revolve.reverse_segment`."""
     yield Store(0, 0, 0)
     pending = None  # a Store held back until we know whether a Record of that step follows
     dropped = None
-    for act in _reverse(n, min(s0, n)):
+    for act in reverse_segment(n, min(s0, n)):
         t = type(act)
         if pending is not None:
             if t is Record and act.step == pending.step:
@@ -559,51 +544,48 @@ def _mem_stream(n: int, s0: int) -> Iterator[Action]:
     yield Free(0, 0, 0)
 
 
-def _emit_chain(plan: _Plan, n: int) -> Iterator[Action]:
+def _emit_chain(sol: _Solution, n: int) -> Iterator[Action]:
     held = []
     used: dict[int, int] = {}
     pos = 0
-    for length, k in plan.chain:
+    for length, k in sol.chain:
         slot = used.get(k, 0)
         used[k] = slot + 1
         yield Store(pos, slot, k)
         yield Advance(pos, pos + length)
         held.append((pos, length, slot, k))
         pos += length
-    yield from _mem(pos, n - pos, plan.s0, plan.vmap)
+    yield from _mem(pos, n - pos, sol.s0, sol.vmap)
     for a, length, slot, k in reversed(held):
         yield Restore(a, slot, k)
-        choice = plan.one_d[k]
+        choice = sol.one_d[k]
         while True:
             j = int(choice[length])
             if not j:
-                yield from _mem(a, length, plan.s0, plan.vmap)
+                yield from _mem(a, length, sol.s0, sol.vmap)
                 break
             yield Advance(a, a + j)
-            yield from _mem(a + j, length - j, plan.s0, plan.vmap)
+            yield from _mem(a + j, length - j, sol.s0, sol.vmap)
             yield Restore(a, slot, k)
             length = j
         yield Free(a, slot, k)
 
 
-def _emit_multistage(plan: _Plan, n: int) -> Iterator[Action]:
-    slot_map = plan.slot_map
-    for act in Revolve(plan.snapshots).actions(n):
-        t = type(act)
-        if t is Store or t is Restore or t is Free:
-            lvl, slot = slot_map[act.slot]
-            yield t(act.step, slot, lvl)
-        elif t is not End:
-            yield act
+def _emit_multistage(sol: _Solution, n: int) -> Iterator[Action]:
+    """Revolve's actions (without ``End``), its slots spread over the levels by ``slot_map``."""
+    revolve = itertools.chain(
+        (Store(0, 0, 0),), reverse_segment(n, sol.snapshots), (Free(0, 0, 0),)
+    )
+    yield from relabel(revolve, 0, sol.slot_map)
 
 
-def _emit_exact(plan: _Plan, n: int) -> Iterator[Action]:
-    ch, ch_none, stride, top, nv = plan.exact
+def _emit_exact(sol: _Solution, n: int) -> Iterator[Action]:
+    ch, ch_none, stride, top, nv = sol.exact
 
     def real(vl: int, slot: int) -> tuple[int, int]:
         if vl == 0:
-            return plan.vmap[slot] if plan.vmap is not None else (0, slot)
-        return plan.front + vl - 1, slot
+            return sol.vmap[slot] if sol.vmap is not None else (0, slot)
+        return sol.front + vl - 1, slot
 
     free_slots = [[] for _ in range(nv)]
     used = [0] * nv

@@ -19,17 +19,13 @@ re-expressed in ``jax.numpy`` for a ``lax.while_loop``. It combines two ideas:
   ``sum_i t(L_i, s - i)`` over its segments ``L_i``, with ``t`` the Revolve optimum), and only if
   that beats keeping the held set as it is.
 
-Figures (total evaluations, plain + recorded, against the offline optimum ``t(N, s) + N``, every
-``N <= 1e5``; ``benchmarks/schedules.py``): the worst ratio for ``N >= 40`` is 1.049 (``s = 4``),
-1.031 (``s = 8``), 1.020 (``s = 16``) and 1.023 (``s = 44``); for ``N >= 200`` it is 1.031, 1.014,
-1.006 and 1.004. At ``N = beta(s, r)`` the held set is the optimal offline one (``r + 1``
-evaluations over the optimum, the steps of its last segment). For tiny ``N`` no online
-schedule is within 5%: the loop takes its last step before it knows it is the last and must then
-restore ``u_{N-1}`` (``N = 1``: 2 evaluations against 1). Below ``N = 40`` ``Online`` matches the
-best held set chosen knowing ``N`` for ``s = 8, 16, 44``, and is within 3 evaluations of it for
-``s = 4``.
+Measured against the offline optimum (``benchmarks/schedules.py``; figures in
+``docs/choosing-a-schedule.md``): at ``N = beta(s, r)`` the held set is the optimal offline one, so
+the total exceeds ``t(N, s) + N`` by the ``r + 1`` evaluations of its last segment. No online
+schedule can be close for tiny ``N``: the loop takes its last step before it knows it is the last
+and must then restore ``u_{N-1}``.
 
-The reversal keeps every held snapshot; dropping one can help in rare cases, by under 0.1%.
+The reversal keeps every held snapshot (dropping one rarely helps, and then very little).
 """
 
 from __future__ import annotations
@@ -37,42 +33,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterator, Sequence
-from math import isqrt
 
-from ._actions import Action, End, Free, Record, Restore, Store
-from ._base import Level, OnlineRun, OnlineSchedule, check_snapshots, check_steps
+from ._actions import Action, End, Free, Restore, Store
+from ._base import Level, MemorySlots, OnlineRun, OnlineSchedule, check_snapshots, check_steps
+from ._optimum import optimum, repetition
 from ._revolve import reverse_held
 
-__all__ = ["Online", "online_decisions", "online_store_slot", "online_targets", "reverse_segments",
-           "segment_cost", "thinning_slot", "thinning_spacing"]
-
-
-def _t(n: int, s: int) -> int:
-    """``t(n, s)``: optimal plain evaluations to reverse ``n`` steps with ``s`` slots (no checks)."""
-    if n <= 1:
-        return 0
-    if s == 1:
-        return n * (n - 1) // 2
-    if s == 2:  # beta(2, r) = (r + 1)(r + 2) / 2
-        r = max(0, (isqrt(8 * n + 1) - 3) // 2)
-        while (r + 1) * (r + 2) // 2 < n:
-            r += 1
-        return r * n - r * (r + 1) * (r + 2) // 6
-    r, b = 0, 1
-    while b < n:
-        r += 1
-        b = b * (s + r) // r
-    # C(s + r, s + 1) = beta(s, r) * r / (s + 1)
-    return r * n - b * r // (s + 1)
-
-
-def _epoch(n_steps: int, s: int) -> tuple[int, int]:
-    """``(r, beta(s, r))`` with ``beta(s, r - 1) < n_steps <= beta(s, r)``."""
-    r, b = 0, 1
-    while b < n_steps:
-        r += 1
-        b = b * (s + r) // r
-    return r, b
+__all__ = [
+    "Online", "online_decisions", "online_store_slot", "online_targets", "online_totals",
+    "reverse_segments", "segment_cost", "thinning_slot", "thinning_spacing",
+]
 
 
 def online_targets(n: int, snapshots: int) -> tuple[int, ...]:
@@ -87,7 +57,7 @@ def online_targets(n: int, snapshots: int) -> tuple[int, ...]:
         (0, 35, 55, 65)
     """
     s = snapshots
-    r, b = _epoch(n + 1, s)
+    r, b = repetition(n + 1, s)
     out = []
     c = b  # beta(s - i, r), from i = 0
     for i in range(s):
@@ -112,7 +82,7 @@ def segment_cost(held: Sequence[int], n_steps: int, snapshots: int) -> int:
     """
     h = sorted(p for p in held if p >= 0)
     h.append(n_steps)
-    return sum(_t(h[i + 1] - h[i], snapshots - i) for i in range(len(h) - 1))
+    return sum(optimum(h[i + 1] - h[i], snapshots - i) for i in range(len(h) - 1))
 
 
 def online_store_slot(n: int, held: Sequence[int], snapshots: int) -> int:
@@ -161,10 +131,10 @@ def online_store_slot(n: int, held: Sequence[int], snapshots: int) -> int:
     h.append(n)
     targets = online_targets(n, s)
     # a[i], b[i]: cost of segment i = [h[i], h[i+1]) at its own index, and one index earlier.
-    a = [_t(h[i + 1] - h[i], s - i) for i in range(s)]
+    a = [optimum(h[i + 1] - h[i], s - i) for i in range(s)]
     b_suffix = [0] * (s + 1)
     for i in range(s - 1, 0, -1):
-        b_suffix[i] = b_suffix[i + 1] + _t(h[i + 1] - h[i], s - i + 1)
+        b_suffix[i] = b_suffix[i + 1] + optimum(h[i + 1] - h[i], s - i + 1)
     prefix = 0  # sum(a[:j-1])
     best, best_j = -1, -1
     for j in range(1, s):
@@ -174,13 +144,13 @@ def online_store_slot(n: int, held: Sequence[int], snapshots: int) -> int:
             continue
         # drop h[j]: segments j-1 and j merge (s - j + 1 slots); later ones gain a slot; [n, N)
         # costs nothing.
-        cost = prefix + _t(h[j + 1] - h[j - 1], s - j + 1) + b_suffix[j + 1]
+        cost = prefix + optimum(h[j + 1] - h[j - 1], s - j + 1) + b_suffix[j + 1]
         if best_j < 0 or cost < best:
             best, best_j = cost, j
     if best_j < 0:
         return -1
     if n not in targets:
-        keep = sum(a[: s - 1]) + _t(n + 1 - h[s - 1], 1)
+        keep = sum(a[: s - 1]) + optimum(n + 1 - h[s - 1], 1)
         if best >= keep:
             return -1
     return order[best_j]
@@ -204,7 +174,7 @@ class _Placement:
 
     def _refresh(self) -> None:
         s, h = self.s, self.h
-        a = [_t(h[i + 1] - h[i], s - i) for i in range(s - 1)]
+        a = [optimum(h[i + 1] - h[i], s - i) for i in range(s - 1)]
         self.head = sum(a)  # segments but the last, at their own index
         self.head_but_one = self.head - a[s - 2] if s >= 2 else 0
         # C[j] (1 <= j <= s-2): cost of dropping h[j], without the last segment's t(n - h[-1], 2)
@@ -213,8 +183,8 @@ class _Placement:
         c = [0] * (s - 1)
         for j in range(s - 2, 0, -1):
             prefix -= a[j - 1]
-            c[j] = prefix + _t(h[j + 1] - h[j - 1], s - j + 1) + tail
-            tail += _t(h[j + 1] - h[j], s - j + 1)
+            c[j] = prefix + optimum(h[j + 1] - h[j - 1], s - j + 1) + tail
+            tail += optimum(h[j + 1] - h[j], s - j + 1)
         self.c = c
         self.fresh = True
         self.picked = False
@@ -229,7 +199,7 @@ class _Placement:
         if s == 1:
             return None
         if n + 1 > self.epoch_end:
-            self.epoch_end = _epoch(n + 1, s)[1]
+            self.epoch_end = repetition(n + 1, s)[1]
             self.targets = frozenset(online_targets(n, s))
             self.picked = False
         if not self.fresh:
@@ -241,14 +211,14 @@ class _Placement:
                 if h[j] not in targets and (self.j_min < 0 or self.c[j] < self.c_min):
                     self.j_min, self.c_min = j, self.c[j]
             self.picked = True
-        best_j, best = self.j_min, self.c_min + _t(n - h[s - 1], 2)
+        best_j, best = self.j_min, self.c_min + optimum(n - h[s - 1], 2)
         if h[s - 1] not in targets:
-            cost = self.head_but_one + _t(n - h[s - 2], 2)
+            cost = self.head_but_one + optimum(n - h[s - 2], 2)
             if best_j < 0 or cost < best:
                 best_j, best = s - 1, cost
         if best_j < 0:
             return None
-        if n not in targets and best >= self.head + _t(n + 1 - h[s - 1], 1):
+        if n not in targets and best >= self.head + optimum(n + 1 - h[s - 1], 1):
             return None
         k, old = self.slot[best_j], h[best_j]
         del h[best_j], self.slot[best_j]
@@ -268,7 +238,7 @@ class _Placement:
             return segment_cost(h, n_steps, s)
         if not self.fresh:
             self._refresh()
-        return self.head + _t(n_steps - h[-1], 1)
+        return self.head + optimum(n_steps - h[-1], 1)
 
 
 @functools.lru_cache(maxsize=32)
@@ -426,15 +396,14 @@ def reverse_segments(held: Sequence[int], n_steps: int, fast: int) -> Iterator[A
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class Online(OnlineSchedule):
+class Online(MemorySlots, OnlineSchedule):
     """Checkpointing for a loop whose step count is unknown until it stops, ``s`` slots.
 
     The forward sweep keeps at most ``snapshots`` states (``u_0``'s slot included) chosen by
     :func:`online_store_slot`; the reversal reverses the segments between them with Revolve.
     Cost: ``N`` plain evaluations forward, :func:`segment_cost` of the held set to reverse, ``N``
-    recorded. Total evaluations are within 5% of the offline optimum ``t(N, s) + N`` for every
-    ``40 <= N <= 1e5`` and ``s`` in ``{4, 8, 16, 44}`` (see the module docstring for figures).
-    Peak slots: ``min(s, N)``. Memory to generate the actions: ``O(s)``. ``on_step`` costs ``O(1)``
+    recorded (against the offline optimum ``t(N, s) + N``: see the module docstring). Peak
+    slots: ``min(s, N)``. Memory to generate the actions: ``O(s)``. ``on_step`` costs ``O(1)``
     evaluations of ``t`` when it stores nothing and ``O(s)`` when it stores (the held set's costs
     are cached); the decisions are exactly those of :func:`online_store_slot`.
 
@@ -467,11 +436,10 @@ class Online(OnlineSchedule):
         (4, 32)
     """
 
-    snapshots: int
     slow: Level | None = None
 
     def __post_init__(self):
-        check_snapshots(self.snapshots, "Online(snapshots=...)")
+        super().__post_init__()
         if self.slow is not None:
             if not isinstance(self.slow, Level):
                 raise TypeError(f"Online(slow=...) must be a Level, got {self.slow!r}.")
@@ -488,7 +456,7 @@ class Online(OnlineSchedule):
     @property
     def levels(self) -> tuple[Level, ...]:
         if self.slow is None:
-            return (Level(self.snapshots, name="memory"),)
+            return super().levels
         return (Level(self.snapshots, name="device"), self.slow)
 
     def start(self) -> OnlineRun:
@@ -497,9 +465,15 @@ class Online(OnlineSchedule):
         return _TwoLevelRun(self.snapshots, self.slow.slots)
 
 
-def _totals(snapshots: int, n_max: int) -> list[int]:
+def online_totals(snapshots: int, n_max: int) -> list[int]:
     """Total evaluations (plain + recorded) of ``Online(snapshots)`` for every ``N`` in
-    ``0 .. n_max``, from one forward sweep: ``2 N + segment_cost(held after N steps, N)``."""
+    ``0 .. n_max``, from one forward sweep: ``2 N + segment_cost(held after N steps, N)``.
+
+    Example:
+        >>> from retrograde.schedules import Online, simulate
+        >>> online_totals(4, 50)[50] == simulate(Online(4), 50).evaluations
+        True
+    """
     placement = _Placement(snapshots)
     out = [0]
     for n in range(n_max):

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from math import comb
 
-from ._actions import Action, Advance, End, Free, Record, Restore, Store
-from ._base import Level, OfflineSchedule, check_snapshots, check_steps
-from ._optimum import repetition_number
+from ._actions import Action, Advance, End, Free, Record, Restore, Store, relabel
+from ._base import MemorySlots, OfflineSchedule, check_steps
+from ._optimum import beta, repetition
 
-__all__ = ["Revolve", "revolve_split", "largest_split", "reverse_held", "binomial_reversal"]
+__all__ = [
+    "Revolve", "revolve_split", "largest_split", "reverse_segment", "reverse_held",
+    "binomial_reversal",
+]
 
 
 def revolve_split(n_steps: int, snapshots: int, r_hint: int | None = None) -> tuple[int, int]:
@@ -25,8 +27,7 @@ def revolve_split(n_steps: int, snapshots: int, r_hint: int | None = None) -> tu
     Afterwards ``r(n - j, s - 1) <= q + 1`` and ``r(j, s) <= q``.
     """
     n, s = n_steps, snapshots
-    r = repetition_number(n, s) if r_hint is None else max(r_hint, 0)
-    b = comb(s + r, s)
+    r, b = repetition(n, s) if r_hint is None else (max(r_hint, 0), beta(s, max(r_hint, 0)))
     while b < n:  # hint too small
         r += 1
         b = b * (s + r) // r
@@ -34,9 +35,9 @@ def revolve_split(n_steps: int, snapshots: int, r_hint: int | None = None) -> tu
         b = b * r // (s + r)
         r -= 1
     q = max(0, r - 1)
-    beta_prev = comb(s + q - 1, s) if q else 0  # beta(s, q - 1)
-    beta_q = comb(s + q, s)  # beta(s, q)
-    beta_right = comb(s + q, s - 1)  # beta(s - 1, q + 1)
+    beta_prev = beta(s, q - 1) if q else 0
+    beta_q = beta(s, q)
+    beta_right = beta(s - 1, q + 1)
     while True:
         lo = max(1, beta_prev, n - beta_right)
         if lo <= min(n - 1, beta_q - 1):
@@ -58,16 +59,16 @@ def largest_split(n_steps: int, snapshots: int) -> int:
         (30, 56)
     """
     n, s = n_steps, snapshots
-    r = repetition_number(n, s)
+    r, _ = repetition(n, s)
     for q in (max(r - 1, 0), r):
-        j = max(1, comb(s + q - 1, s) if q else 0, n - comb(s - 1 + q, s - 1))
-        if j <= min(n - 1, comb(s + q, s) - 1):
+        j = max(1, beta(s, q - 1) if q else 0, n - beta(s - 1, q))
+        if j <= min(n - 1, beta(s, q) - 1):
             return j
     raise AssertionError((n, s))  # unreachable: q = r always qualifies
 
 
 @dataclasses.dataclass(frozen=True)
-class Revolve(OfflineSchedule):
+class Revolve(MemorySlots, OfflineSchedule):
     """Optimal offline binomial checkpointing with ``snapshots`` slots in one storage level.
 
     Plain evaluations equal the proven optimum ``t(N, s) = r*N - C(s+r, s+1)``
@@ -84,20 +85,11 @@ class Revolve(OfflineSchedule):
         316
     """
 
-    snapshots: int
-
-    def __post_init__(self):
-        check_snapshots(self.snapshots, "Revolve(snapshots=...)")
-
-    @property
-    def levels(self) -> tuple[Level, ...]:
-        return (Level(self.snapshots, name="memory"),)
-
     def actions(self, n_steps: int) -> Iterator[Action]:
         n_steps = check_steps(n_steps)
         if n_steps:
             yield Store(0, 0, 0)
-            yield from _reverse(n_steps, self.snapshots)
+            yield from reverse_segment(n_steps, self.snapshots)
             yield Free(0, 0, 0)
         yield End()
 
@@ -123,15 +115,16 @@ class Revolve(OfflineSchedule):
         return tuple(stores)
 
 
-def _reverse(n_steps: int, snapshots: int) -> Iterator[Action]:
-    """Reverse steps ``0 .. n_steps-1`` with ``u_0`` at hand and held in slot 0.
+def reverse_segment(n_steps: int, snapshots: int) -> Iterator[Action]:
+    """Reverse steps ``0 .. n_steps-1`` with ``u_0`` at hand and held in slot 0 (of level 0), by
+    Revolve with ``snapshots`` slots ``0 .. snapshots-1``; the stream has no ``End``.
 
     One generator frame with an explicit stack of at most ``2 * snapshots`` pending tasks: a
     segment is split, its right part (one slot fewer) is processed at once, and "free the new
     snapshot, then reverse the left part" is pushed for later.
     """
     free = list(range(snapshots - 1, 0, -1))
-    stack: list[tuple] = [(0, n_steps, snapshots, 0, True, repetition_number(n_steps, snapshots))]
+    stack: list[tuple] = [(0, n_steps, snapshots, 0, True, repetition(n_steps, snapshots)[0])]
     while stack:
         task = stack.pop()
         if len(task) == 2:  # the right part is done: release its snapshot
@@ -182,17 +175,9 @@ def reverse_held(held: Sequence[int], n_steps: int) -> Iterator[Action]:
         start, slot = by_step[i]
         busy = {k for _, k in by_step[:i]}
         free = [k for k in range(s) if k != slot and k not in busy]
-        slot_of = [slot] + free
-        length = end - start
+        slot_of = [(0, k) for k in [slot] + free]
         yield Restore(start, slot)
-        for action in _reverse(length, 1 + len(free)):
-            kind = type(action)
-            if kind is Record:
-                yield Record(action.step + start)
-            elif kind in (Store, Restore, Free):
-                yield kind(action.step + start, slot_of[action.slot], 0)
-            else:  # Advance
-                yield type(action)(action.start + start, action.stop + start)
+        yield from relabel(reverse_segment(end - start, len(slot_of)), start, slot_of)
         yield Free(start, slot)
         end = start
     yield End()

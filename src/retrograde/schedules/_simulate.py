@@ -1,28 +1,15 @@
-"""A symbolic machine that executes a schedule's actions, proves them valid, and counts cost."""
+"""The simulator: executes a schedule's actions on step numbers, proves them valid, counts cost."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Iterable
 
-from ._actions import Advance, End, Free, Record, Restore, Store
-from ._base import Level, OfflineSchedule, OnlineSchedule, Schedule, check_steps
+from ._actions import Advance, End, Executor, Free, Record, Restore, ScheduleError, Store
+from ._base import Level, OfflineSchedule, OnlineSchedule, Schedule, check_steps, schedule_stream
 
-__all__ = ["Stats", "ScheduleError", "simulate", "execute"]
-
-
-class ScheduleError(RuntimeError):
-    """A schedule asked for something impossible (restore of an empty slot, a recorded step
-    without its state at hand, too many slots, ...).
-
-    Example:
-        >>> from retrograde.schedules import Level, Record, ScheduleError, execute
-        >>> try:
-        ...     execute([Record(0)], 2, (Level(None),))
-        ... except ScheduleError as e:
-        ...     print(e)
-        Record(step=0): the next step to record is 1.
-    """
+__all__ = ["Stats", "ScheduleError", "Simulator", "simulate", "execute"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,84 +58,133 @@ class Stats:
         return self.total_cost()
 
 
-class _Machine:
-    def __init__(self, n_steps: int, levels: tuple[Level, ...]):
-        self.n = n_steps
-        self.levels = levels
-        self.slots: list[dict[int, int]] = [dict() for _ in levels]
+class Simulator(Executor):
+    """The simulator: executes actions on step numbers instead of states, raises
+    :class:`ScheduleError` at the first impossible one, and counts what they cost.
+
+    It holds the step of the state at hand (:attr:`current`, ``None`` after a ``Record``), the
+    step held in each slot of each level, and the next step to record. ``u_0`` is at hand at the
+    start. Anything that executes a schedule (the host loop driver, the picture of a schedule)
+    can run its actions through a simulator first, so that each is proven valid before it runs.
+
+    Args:
+        levels: the storage levels (slot counts bound the slots).
+        n_steps: ``N``; ``None`` while an online schedule's forward sweep runs, until
+            :meth:`stopped` gives it.
+
+    Example:
+        >>> from retrograde.schedules import Level, Revolve, Simulator
+        >>> sim = Simulator((Level(3),), 20).run(Revolve(3).actions(20))
+        >>> sim.stats().plain, sim.current
+        (45, None)
+    """
+
+    def __init__(self, levels: tuple[Level, ...], n_steps: int | None):
+        self.levels = tuple(levels)
+        self.held: list[dict[int, int]] = [dict() for _ in self.levels]
         self.current: int | None = 0
-        self.next_record = n_steps - 1
+        self.n: int | None = None
+        self.next_record = -1
         self.plain = 0
         self.recorded = 0
-        self.writes = [0] * len(levels)
-        self.reads = [0] * len(levels)
-        self.peak = [0] * len(levels)
-        self.ended = False
+        self.writes = [0] * len(self.levels)
+        self.reads = [0] * len(self.levels)
+        self.peak = [0] * len(self.levels)
+        if n_steps is not None:
+            self.stopped(n_steps)
 
-    def _level(self, action, level: int) -> dict[int, int]:
+    def stopped(self, n_steps: int) -> None:
+        """Set the step count ``N`` (for an online schedule: once its loop has stopped)."""
+        if self.n is not None or (self.current is not None and self.current > n_steps):
+            raise ScheduleError(
+                f"the loop cannot stop after {n_steps} steps: "
+                + (f"N is {self.n} already." if self.n is not None else
+                   f"the state at hand is {self.current}.")
+            )
+        self.n = n_steps
+        self.next_record = n_steps - 1
+
+    def copy(self) -> Simulator:
+        """An independent copy (``O(slots)``), to execute several continuations of one prefix."""
+        other = copy.copy(self)
+        other.held = [dict(h) for h in self.held]
+        other.writes, other.reads, other.peak = self.writes[:], self.reads[:], self.peak[:]
+        return other
+
+    def not_held(self, action: Restore | Free, holds: int | None) -> None:
+        """Raise the error for a ``Restore``/``Free`` whose slot holds ``holds`` (``None``:
+        nothing) instead of ``action.step``."""
+        raise ScheduleError(
+            f"{action}: slot {action.slot} of level {action.level} holds {holds}, "
+            f"not {action.step}."
+        )
+
+    # ------------------------------------------------------------------ the actions
+    def _slots(self, action, level: int) -> dict[int, int]:
         if not 0 <= level < len(self.levels):
             raise ScheduleError(f"{action}: no storage level {level}.")
-        return self.slots[level]
+        return self.held[level]
 
-    def run(self, action) -> None:
-        if self.ended:
-            raise ScheduleError(f"{action} after End().")
-        kind = type(action)
-        if kind is Advance:
-            a, b = action
-            if self.current != a:
-                raise ScheduleError(f"{action}: the state at hand is {self.current}, not {a}.")
-            if not a < b <= self.n:
-                raise ScheduleError(f"{action}: must satisfy start < stop <= {self.n}.")
-            self.plain += b - a
-            self.current = b
-        elif kind is Store:
-            n, slot, level = action
-            held = self._level(action, level)
-            if self.current != n:
-                raise ScheduleError(f"{action}: the state at hand is {self.current}, not {n}.")
-            if slot in held:
-                raise ScheduleError(f"{action}: slot {slot} still holds state {held[slot]}.")
-            cap = self.levels[level].slots
-            if slot < 0 or (cap is not None and slot >= cap):
-                raise ScheduleError(f"{action}: level {level} has slots 0..{cap - 1}.")
-            held[slot] = n
-            self.writes[level] += 1
-            self.peak[level] = max(self.peak[level], len(held))
-        elif kind is Restore:
-            n, slot, level = action
-            held = self._level(action, level)
-            if held.get(slot) != n:
-                raise ScheduleError(
-                    f"{action}: slot {slot} of level {level} holds {held.get(slot)}, not {n}."
-                )
-            self.reads[level] += 1
-            self.current = n
-        elif kind is Free:
-            n, slot, level = action
-            held = self._level(action, level)
-            if held.get(slot) != n:
-                raise ScheduleError(
-                    f"{action}: slot {slot} of level {level} holds {held.get(slot)}, not {n}."
-                )
-            del held[slot]
-        elif kind is Record:
-            (n,) = action
-            if n != self.next_record:
-                raise ScheduleError(f"{action}: the next step to record is {self.next_record}.")
-            if self.current != n:
-                raise ScheduleError(f"{action}: the state at hand is {self.current}, not {n}.")
-            self.recorded += 1
-            self.next_record -= 1
-            self.current = None
-        elif kind is End:
-            if self.next_record != -1:
-                raise ScheduleError(f"End() before step {self.next_record} was recorded.")
-            self.ended = True
-        else:
-            raise ScheduleError(f"Unknown action {action!r}.")
+    def _not_at_hand(self, action, n: int) -> ScheduleError:
+        return ScheduleError(f"{action}: the state at hand is {self.current}, not {n}.")
+
+    def advance(self, action: Advance) -> None:
+        a, b = action
+        if self.current != a:
+            raise self._not_at_hand(action, a)
+        if not (a < b and (self.n is None or b <= self.n)):
+            bound = "" if self.n is None else f" <= {self.n}"
+            raise ScheduleError(f"{action}: must satisfy start < stop{bound}.")
+        self.plain += b - a
+        self.current = b
+
+    def store(self, action: Store) -> None:
+        n, slot, level = action
+        held = self._slots(action, level)
+        if self.current != n:
+            raise self._not_at_hand(action, n)
+        if slot in held:
+            raise ScheduleError(f"{action}: slot {slot} still holds state {held[slot]}.")
+        cap = self.levels[level].slots
+        if slot < 0 or (cap is not None and slot >= cap):
+            raise ScheduleError(f"{action}: level {level} has slots 0..{cap - 1}.")
+        held[slot] = n
+        self.writes[level] += 1
+        self.peak[level] = max(self.peak[level], len(held))
+
+    def restore(self, action: Restore) -> None:
+        n, slot, level = action
+        held = self._slots(action, level)
+        if held.get(slot) != n:
+            self.not_held(action, held.get(slot))
+        self.reads[level] += 1
+        self.current = n
+
+    def free(self, action: Free) -> None:
+        n, slot, level = action
+        held = self._slots(action, level)
+        if held.get(slot) != n:
+            self.not_held(action, held.get(slot))
+        del held[slot]
+
+    def record(self, action: Record) -> None:
+        (n,) = action
+        if self.n is None:
+            raise ScheduleError(f"{action} before the loop stopped (its step count is unknown).")
+        if n != self.next_record:
+            raise ScheduleError(f"{action}: the next step to record is {self.next_record}.")
+        if self.current != n:
+            raise self._not_at_hand(action, n)
+        self.recorded += 1
+        self.next_record -= 1
+        self.current = None
+
+    def end(self, action: End) -> None:
+        if self.n is None or self.next_record != -1:
+            raise ScheduleError(f"End() before step {self.next_record} was recorded.")
 
     def stats(self) -> Stats:
+        """The counts, once ``End`` was executed."""
         if not self.ended:
             raise ScheduleError("The schedule stopped without End().")
         return Stats(
@@ -163,7 +199,7 @@ class _Machine:
 
 
 def execute(actions: Iterable, n_steps: int, levels: tuple[Level, ...]) -> Stats:
-    """Run an explicit action stream on the symbolic machine (``u_0`` at hand at the start).
+    """Run an explicit action stream on the simulator (``u_0`` at hand at the start).
 
     Example:
         >>> from retrograde.schedules import Advance, End, Level, Record, Restore, Store, execute
@@ -171,22 +207,18 @@ def execute(actions: Iterable, n_steps: int, levels: tuple[Level, ...]) -> Stats
         >>> execute(acts, 2, (Level(1),)).plain
         1
     """
-    m = _Machine(check_steps(n_steps), tuple(levels))
-    for action in actions:
-        m.run(action)
-    return m.stats()
+    return Simulator(tuple(levels), check_steps(n_steps)).run(actions).stats()
 
 
 def simulate(schedule: Schedule, n_steps: int) -> Stats:
-    """Execute ``schedule`` for ``n_steps`` steps on a symbolic machine.
+    """Execute ``schedule`` for ``n_steps`` steps on the simulator.
 
     Raises :class:`ScheduleError` if the schedule is invalid: a recorded step without its state at
     hand or out of order, a restore of an unwritten or freed slot, a store into an occupied slot or
     beyond a level's slot count, or a missing ``End``. Returns the counts as :class:`Stats`.
 
-    Online schedules are driven through their protocol (``start``, ``on_step`` for every step,
-    ``reverse`` once the ``n_steps`` steps were taken); only ``Store``/``Free`` are accepted from
-    ``on_step``.
+    Online schedules are driven through their protocol (:func:`schedule_stream`); only
+    ``Store``/``Free`` are accepted from ``on_step``.
 
     Example:
         >>> from retrograde.schedules import Revolve, simulate
@@ -198,17 +230,4 @@ def simulate(schedule: Schedule, n_steps: int) -> Stats:
             f"simulate(schedule=...) expects a Schedule such as Revolve(10), got {schedule!r}."
         )
     n_steps = check_steps(n_steps)
-    levels = schedule.levels
-    if isinstance(schedule, OnlineSchedule):
-        m = _Machine(n_steps, levels)
-        run = schedule.start()
-        for n in range(n_steps):
-            for action in run.on_step(n):
-                if type(action) not in (Store, Free):
-                    raise ScheduleError(f"on_step({n}) returned {action}; only Store/Free allowed.")
-                m.run(action)
-            m.run(Advance(n, n + 1))
-        for action in run.reverse(n_steps):
-            m.run(action)
-        return m.stats()
-    return execute(schedule.actions(n_steps), n_steps, levels)
+    return execute(schedule_stream(schedule, n_steps), n_steps, schedule.levels)

@@ -1,16 +1,16 @@
 """What a compiled loop needs of an offline schedule, for a step count known when tracing.
 
-A :class:`Plan` holds the forward sweep's store points and, for the reverse sweep, either nothing
+A :class:`Tables` holds the forward sweep's store points and, for the reverse sweep, either nothing
 (schedules whose reversal is the binomial one between those stores,
 :meth:`~retrograde.schedules.OfflineSchedule.binomial_stores`: the in-graph machine of
-:mod:`._machine` generates it, so the plan has ``O(stores)`` integers and is built without
+:mod:`._machine` generates it, so the tables have ``O(stores)`` integers and are built without
 enumerating the schedule's actions), or a table of the machine's macro-actions translated from
 the schedule's action stream (any other offline schedule, e.g. ``MultiLevel``): one row per
 restore, advance, store and record, which costs ``O(actions)`` to build.
 
 Slots of all storage levels are numbered consecutively, those in device memory first; the
 others (levels with ``storage="host"`` or ``"disk"``) follow and live in host stores
-(:mod:`._offload`, described by the plan's :class:`~._offload.Layout`).
+(:mod:`._offload`, described by the tables' :class:`~._offload.Layout`).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import functools
 
 import numpy as np
 
-from ..schedules import Advance, OfflineSchedule, Record, Restore, Schedule, Store
+from ..schedules import Advance, Executor, OfflineSchedule, Record, Restore, Schedule, Store
 from ._machine import LEAF, MOVE
 from ._offload import Layout, offloaded
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Plan:
+class Tables:
     """The tables for one schedule and step count.
 
     Attributes:
@@ -72,18 +72,18 @@ def check_offline(schedule: Schedule, where: str) -> OfflineSchedule:
 
 
 @functools.lru_cache(maxsize=128)
-def compile_plan(schedule: OfflineSchedule, length: int) -> Plan:
-    """Build the plan for ``schedule`` and ``length`` steps (cached)."""
+def tables_for(schedule: OfflineSchedule, length: int) -> Tables:
+    """Build the tables for ``schedule`` and ``length`` steps (cached)."""
     stores = schedule.binomial_stores(length)
     if stores is not None:
         # More slots than N - 1 are never used by a binomial reversal.
         n_slots = max(1, len(stores), min(schedule.max_slots(length)[0], length - 1))
         steps = np.asarray(stores, np.int32)
-        return Plan(length, n_slots, steps, np.arange(len(steps), dtype=np.int32), None)
-    return _table_plan(schedule, length)
+        return Tables(length, n_slots, steps, np.arange(len(steps), dtype=np.int32), None)
+    return _row_tables(schedule, length)
 
 
-def _table_plan(schedule: OfflineSchedule, length: int) -> Plan:
+def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
     actions = [a for a in schedule.actions(length) if type(a) in (Advance, Store, Restore, Record)]
     # Number the slots of all levels consecutively, device levels first.
     top: dict[int, int] = {}
@@ -123,20 +123,30 @@ def _table_plan(schedule: OfflineSchedule, length: int) -> Plan:
     if length and at != length - 1:
         raise ValueError(f"{schedule!r}: the first sweep must end at step {length - 1}.")
 
-    rows = []
-    for act in actions[k:]:
-        kind = type(act)
-        if kind is Restore:
-            rows.append((MOVE, offset[act.level] + act.slot, act.step, act.step, 0, -1, 0))
-        elif kind is Advance:
-            rows.append((MOVE, -1, act.start, act.stop, 0, -1, 0))
-        elif kind is Store:
-            rows.append((MOVE, -1, act.step, act.step, 0, offset[act.level] + act.slot, 0))
-        else:  # Record: a one-step leaf from the state at hand
-            rows.append((LEAF, -1, act.step, act.step + 1, act.step, -1, 1))
+    rows = _Rows(offset).run(actions[k:]).rows
     pts = np.asarray(stores, np.int32).reshape(-1, 2)
-    return Plan(length, n_slots, pts[:, 0].copy(), pts[:, 1].copy(),
-                np.asarray(_merge_moves(rows), np.int32).reshape(-1, 7), layout)
+    return Tables(length, n_slots, pts[:, 0].copy(), pts[:, 1].copy(),
+                  np.asarray(_merge_moves(rows), np.int32).reshape(-1, 7), layout)
+
+
+class _Rows(Executor):
+    """The reverse sweep as the machine's rows, the slots of level ``l`` from ``offset[l]`` on."""
+
+    def __init__(self, offset: dict[int, int]):
+        self.offset = offset
+        self.rows: list[tuple[int, ...]] = []
+
+    def restore(self, act: Restore) -> None:
+        self.rows.append((MOVE, self.offset[act.level] + act.slot, act.step, act.step, 0, -1, 0))
+
+    def advance(self, act: Advance) -> None:
+        self.rows.append((MOVE, -1, act.start, act.stop, 0, -1, 0))
+
+    def store(self, act: Store) -> None:
+        self.rows.append((MOVE, -1, act.step, act.step, 0, self.offset[act.level] + act.slot, 0))
+
+    def record(self, act: Record) -> None:  # a one-step leaf from the state at hand
+        self.rows.append((LEAF, -1, act.step, act.step + 1, act.step, -1, 1))
 
 
 def _merge_moves(rows):

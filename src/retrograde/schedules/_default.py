@@ -1,0 +1,42 @@
+"""The default schedule of the loops and adapters: about ``sqrt(2N)`` snapshots."""
+
+from __future__ import annotations
+
+from math import isqrt
+
+from ._base import check_steps
+from ._online import Online
+from ._optimum import beta
+from ._revolve import Revolve
+
+__all__ = ["default_snapshots", "default_schedule"]
+
+
+def default_snapshots(n_steps: int) -> int:
+    """The fewest slots ``s`` with which no step is run plainly more than twice for ``n_steps``
+    steps: the smallest ``s >= 1`` with ``beta(s, 2) = (s + 1)(s + 2) / 2 >= n_steps``, about
+    ``sqrt(2 n_steps)`` (the rule of diffrax's ``RecursiveCheckpointAdjoint`` too).
+
+    Example:
+        >>> default_snapshots(10_000), default_snapshots(4096), default_snapshots(3)
+        (140, 90, 1)
+    """
+    n_steps = check_steps(n_steps)
+    s = max(1, isqrt(2 * n_steps) - 2)  # below the answer: (s + 2)^2 > 2 n_steps there
+    while beta(s, 2) < n_steps:
+        s += 1
+    return s
+
+
+def default_schedule(n_steps: int, *, online: bool = False) -> Revolve | Online:
+    """The default schedule for ``n_steps`` steps (for an online schedule: at most
+    ``n_steps``): ``Revolve(s)``, or ``Online(s)`` with ``online=True``, with ``s =``
+    :func:`default_snapshots` ``(n_steps)``. With ``Revolve``, no step is run plainly more than
+    twice; ``Online`` places its snapshots without knowing ``N`` and costs a little more.
+
+    Example:
+        >>> default_schedule(10_000), default_schedule(4096, online=True)
+        (Revolve(snapshots=140), Online(snapshots=90))
+    """
+    s = default_snapshots(n_steps)
+    return Online(s) if online else Revolve(s)
