@@ -313,7 +313,7 @@ def _offload_row(n: int, slots: int, host_slots: int, host: tuple, disk_slots: i
     best = None
     for limit in ((None, disk_slots) if disk_slots else (0,)):
         extra = [Level(limit, *disk, name="disk", storage="disk")] if limit != 0 else []
-        schedule = _s.MultiLevel(levels + extra)
+        schedule = MultiLevel(levels + extra)
         stats = simulate(schedule, n)
         fits = not extra or stats.peak_slots[2] <= disk_slots
         if fits and (best is None or stats.cost < best[1].cost):

@@ -263,7 +263,7 @@ def test_while_counts_equal_simulate():
 @pytest.mark.parametrize("h", [1, 2, 3, 5, 16])
 def test_thinning_twin(h):
     """The compiled placement makes the decisions of the Python rule."""
-    from retrograde.schedules._online import thinning_slot
+    from retrograde.schedules import thinning_slot
 
     rule = jax.jit(_offload.thinning_slot)
     held, held_j = [-1] * h, jnp.full((h,), -1, jnp.int32)
@@ -279,7 +279,8 @@ def test_thinning_twin(h):
 def test_two_level_online_schedule(d, h):
     """Valid for every N; evaluations ``2N + sum_i t(L_i, d)``; segments at most the spacing;
     within 12% of the best equal split (total evaluations) for N > h, h >= 8 and d >= 2."""
-    from retrograde.schedules._online import _t, thinning_spacing
+    from retrograde.schedules import revolve_optimum as _t
+    from retrograde.schedules import thinning_spacing
 
     sched = Online(d, slow=host(h))
     for n in range(0, 400, 7):

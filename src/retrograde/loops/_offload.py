@@ -630,7 +630,7 @@ def stored_effects(layout: Layout | None) -> set:
 
 
 def thinning_slot(n, held):
-    """The jnp twin of :func:`retrograde.schedules._online.thinning_slot` (int32; ``held``:
+    """The jnp twin of :func:`retrograde.schedules.thinning_slot` (int32; ``held``:
     int32[h] steps per slot, ``-1`` empty): the slot for ``u_n``, or ``-1``."""
     h = held.shape[0]
     powers = jnp.left_shift(i32(1), jnp.arange(31, dtype=i32))
