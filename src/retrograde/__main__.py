@@ -5,11 +5,16 @@ Examples::
     python -m retrograde plan --steps 10000 --snapshots 20
     python -m retrograde plan --steps 1e5 --memory 2GiB --state-size 10MiB --plot schedule.png
     python -m retrograde plan --steps 1e5 --memory 2GiB --state-size 10MiB --disk 50GiB
+    python -m retrograde plan --steps 1e5 --state-size 1GiB --memory 16GiB --host-memory 500GiB
+    python -m retrograde calibrate --state-size 64MiB --step-time 0.02
     python -m retrograde clean /scratch/me --dry-run
 
 ``plan`` prints the schedules that fit the budget, cheapest first, and marks the recommended
 one with ``*``; ``--plot`` draws the recommended (or ``--schedule``-chosen) schedule.
-``clean`` removes snapshot directories of ``retrograde.host`` runs whose process was killed.
+``--host-memory`` adds a device + host (+ disk) plan for the compiled JAX loops (``--memory`` is
+then device memory). ``calibrate`` measures the cost of moving one state to host RAM and disk
+and back inside a compiled program. ``clean`` removes snapshot directories of
+``retrograde.host`` runs whose process was killed.
 """
 
 from __future__ import annotations
@@ -69,7 +74,8 @@ def _cost(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``retrograde`` command (subcommands: ``plan``, ``clean``)."""
+    """The argument parser of the ``retrograde`` command (subcommands: ``plan``, ``calibrate``,
+    ``clean``)."""
     parser = argparse.ArgumentParser(
         prog="retrograde",
         description="Checkpointed differentiation of long time-stepping loops.",
@@ -101,11 +107,39 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cost of writing one state to disk, in step evaluations (default 2)")
     p.add_argument("--disk-read-cost", type=_cost, default=2.0, metavar="STEPS",
                    help="cost of reading one state from disk, in step evaluations (default 2)")
+    p.add_argument("--host-memory", type=_size, metavar="SIZE",
+                   help="host-RAM budget for the compiled JAX loops (needs --state-size); "
+                        "--memory is then device memory")
+    p.add_argument("--host-write-cost", type=_cost, default=0.5, metavar="STEPS",
+                   help="cost of moving one state to host RAM, in step evaluations (default 0.5;"
+                        " measure it with 'retrograde calibrate')")
+    p.add_argument("--host-read-cost", type=_cost, default=0.5, metavar="STEPS",
+                   help="cost of moving one state back from host RAM (default 0.5)")
     p.add_argument("--plot", metavar="FILE",
                    help="draw the chosen schedule, step versus time, into FILE (.png, .svg, .pdf)")
     p.add_argument("--schedule", choices=_SCHEDULE_CHOICES, type=str.lower,
                    help="the schedule to draw with --plot (default: the recommended one)")
     p.set_defaults(handler=functools.partial(_plan, plan_parser=p))
+    k = sub.add_parser(
+        "calibrate",
+        help="measure the cost of moving one state to host RAM and disk inside compiled loops",
+        description=(
+            "Time the transfers of one state of --state-size bytes (float64) to host RAM and to "
+            "disk and back, inside one compiled program, as the offloaded levels of "
+            "retrograde.scan make them. With --step-time (seconds per step of your loop), "
+            "prints the costs in step evaluations for 'retrograde plan'."
+        ),
+    )
+    k.add_argument("--state-size", type=_size, required=True, metavar="SIZE",
+                   help="bytes of one stored state (the loop carry)")
+    k.add_argument("--repeats", type=_positive_int, default=4, metavar="R",
+                   help="states written and read back per level (default 4)")
+    k.add_argument("--directory", metavar="DIR",
+                   help="where the disk level's temporary file goes (default: the system's "
+                        "temporary directory)")
+    k.add_argument("--step-time", type=float, metavar="SECONDS",
+                   help="seconds per step of your loop, to express the costs in steps")
+    k.set_defaults(handler=_calibrate)
     c = sub.add_parser(
         "clean",
         help="remove snapshot directories left by killed retrograde.host runs",
@@ -134,6 +168,30 @@ def _clean(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    """Print the measured transfer times (and costs in steps): ``loops.calibrate``."""
+    from .loops._calibrate import calibrate
+    from .planner import format_size
+
+    rows = calibrate(args.state_size, repeats=args.repeats, directory=args.directory)
+    print(f"Moving one state of {format_size(args.state_size)} inside a compiled program "
+          f"({args.repeats} writes and reads per level):")
+    for row in rows:
+        line = (f"  {row.storage:<5} write {row.write_seconds * 1e3:9.2f} ms  "
+                f"read {row.read_seconds * 1e3:9.2f} ms")
+        if args.step_time:
+            line += (f"   = {row.write_seconds / args.step_time:.3g} / "
+                     f"{row.read_seconds / args.step_time:.3g} steps")
+        print(line)
+    if args.step_time:
+        host, disk = rows[0], rows[1]
+        print(f"retrograde plan ... --host-write-cost {host.write_seconds / args.step_time:.3g} "
+              f"--host-read-cost {host.read_seconds / args.step_time:.3g} "
+              f"--disk-write-cost {disk.write_seconds / args.step_time:.3g} "
+              f"--disk-read-cost {disk.read_seconds / args.step_time:.3g}")
+    return 0
+
+
 def _plan(args: argparse.Namespace, plan_parser: argparse.ArgumentParser) -> int:
     """Print the plan table (and draw the chosen schedule); errors go through ``plan_parser``."""
     from .planner import format_size, format_table, plan_with_notes
@@ -146,6 +204,13 @@ def _plan(args: argparse.Namespace, plan_parser: argparse.ArgumentParser) -> int
         plan_parser.error("--memory needs --state-size (the bytes of one stored state)")
     if args.disk is not None and args.state_size is None:
         plan_parser.error("--disk needs --state-size (the bytes of one stored state)")
+    if args.host_memory is not None and args.state_size is None:
+        plan_parser.error("--host-memory needs --state-size (the bytes of one stored state)")
+    if args.host_memory is not None and args.host_memory < args.state_size:
+        plan_parser.error(
+            f"--host-memory {format_size(args.host_memory)} holds no state of --state-size "
+            f"{format_size(args.state_size)}"
+        )
     if args.memory is not None and args.memory < args.state_size:
         plan_parser.error(
             f"--memory {format_size(args.memory)} holds no state of --state-size "
@@ -167,6 +232,9 @@ def _plan(args: argparse.Namespace, plan_parser: argparse.ArgumentParser) -> int
         disk=args.disk,
         disk_write_cost=args.disk_write_cost,
         disk_read_cost=args.disk_read_cost,
+        host_memory=args.host_memory,
+        host_write_cost=args.host_write_cost,
+        host_read_cost=args.host_read_cost,
     )
     n = args.steps
     chosen = None
@@ -185,9 +253,15 @@ def _plan(args: argparse.Namespace, plan_parser: argparse.ArgumentParser) -> int
                 )
             chosen = matches[0]
     slots = args.snapshots if args.snapshots is not None else args.memory // args.state_size
-    budget = f"{slots:,} memory slots"
+    budget = f"{slots:,} {'device' if args.host_memory is not None else 'memory'} slots"
     if args.state_size is not None:
         budget += f" of {format_size(args.state_size)} ({format_size(slots * args.state_size)})"
+    if args.host_memory is not None:
+        host_slots = args.host_memory // args.state_size
+        budget += (
+            f", {host_slots:,} host slots ({format_size(host_slots * args.state_size)}, "
+            f"write {args.host_write_cost:g}, read {args.host_read_cost:g} steps)"
+        )
     if args.disk is not None:
         disk_slots = args.disk // args.state_size
         budget += (

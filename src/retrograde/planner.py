@@ -57,6 +57,9 @@ class Row:
         memory_slots, disk_slots: peak slots used in memory and on disk.
         memory_bytes, disk_bytes: the same in bytes, or ``None`` when no state size was given.
         recommended: ``True`` for the cheapest row (the first one).
+        host_slots, host_writes, host_reads, host_bytes: the same for a host-RAM level (rows
+            planned with ``host_memory``; then ``disk_*`` count the disk level alone and
+            ``memory_*`` the device level).
 
     Example:
         >>> from retrograde.planner import plan
@@ -77,6 +80,10 @@ class Row:
     memory_bytes: int | None = None
     disk_bytes: int | None = None
     recommended: bool = False
+    host_slots: int = 0
+    host_writes: int = 0
+    host_reads: int = 0
+    host_bytes: int | None = None
 
     @property
     def evaluations(self) -> int:
@@ -251,16 +258,7 @@ def _budget(snapshots, memory, state_size, disk) -> tuple[int, int, int | None]:
         raise ValueError(
             "Give a budget: snapshots=... (slots), or memory=... with state_size=...."
         )
-    disk_slots = 0
-    if disk is not None:
-        if size is None:
-            raise ValueError("disk=... needs state_size=... (the bytes of one stored state).")
-        disk_slots = parse_size(disk, "disk") // size
-        if disk_slots < 1:
-            raise ValueError(
-                f"disk={disk!r} holds no state of state_size={state_size!r}; raise disk or drop it."
-            )
-    return slots, disk_slots, size
+    return slots, _level_slots(disk, "disk", size, state_size), size
 
 
 def _row_from_stats(name, schedule, stats, disk_write_cost, disk_read_cost) -> dict:
@@ -283,8 +281,57 @@ def _multilevel(slots: int, disk_slots: int | None, write: float, read: float) -
     """Memory (``slots``) plus disk (``disk_slots``, ``None`` for unlimited)."""
     return MultiLevel([
         Level(slots, name="memory"),
-        Level(disk_slots, write_cost=write, read_cost=read, name="disk"),
+        Level(disk_slots, write_cost=write, read_cost=read, name="disk", storage="disk"),
     ])
+
+
+#: Default cost of moving one state to or from host RAM, in step evaluations.
+HOST_COST = 0.5
+
+
+def _level_slots(budget, name: str, size, state_size) -> int:
+    """Slots of a slower level (disk, host RAM) for the budget ``name=budget`` (0 without it)."""
+    if budget is None:
+        return 0
+    if size is None:
+        raise ValueError(f"{name}=... needs state_size=... (the bytes of one stored state).")
+    slots = parse_size(budget, name) // size
+    if slots < 1:
+        raise ValueError(
+            f"{name}={budget!r} holds no state of state_size={state_size!r}; raise {name} or "
+            "drop it."
+        )
+    return slots
+
+
+def _offload_row(n: int, slots: int, host_slots: int, host: tuple, disk_slots: int,
+                 disk: tuple) -> dict:
+    """The ``MultiLevel`` row over a device level, a host level and (with ``disk_slots``) a disk
+    level. An unlimited disk is planned first: when its peak fits, it is at least as cheap."""
+    levels = [Level(slots, name="device"),
+              Level(host_slots, *host, name="host", storage="host")]
+    best = None
+    for limit in ((None, disk_slots) if disk_slots else (0,)):
+        extra = [Level(limit, *disk, name="disk", storage="disk")] if limit != 0 else []
+        schedule = MultiLevel(levels + extra)
+        stats = simulate(schedule, n)
+        fits = not extra or stats.peak_slots[2] <= disk_slots
+        if fits and (best is None or stats.cost < best[1].cost):
+            best = (schedule, stats)
+        if fits:
+            break
+    schedule, stats = best
+    disk_level = len(stats.levels) == 3
+    name = f"MultiLevel({slots} dev, {host_slots} host" + (
+        f", {disk_slots} disk)" if disk_level else ")")
+    return dict(
+        name=name, schedule=schedule, plain=stats.plain, recorded=stats.recorded,
+        cost=stats.cost, memory_slots=stats.peak_slots[0],
+        host_slots=stats.peak_slots[1], host_writes=stats.writes[1], host_reads=stats.reads[1],
+        disk_slots=stats.peak_slots[2] if disk_level else 0,
+        disk_writes=stats.writes[2] if disk_level else 0,
+        disk_reads=stats.reads[2] if disk_level else 0,
+    )
 
 
 def _best_multilevel(n: int, slots: int, disk_slots: int, write: float, read: float):
@@ -310,6 +357,9 @@ def plan(
     *,
     disk_write_cost: float = 2.0,
     disk_read_cost: float = 2.0,
+    host_memory: str | int | None = None,
+    host_write_cost: float = HOST_COST,
+    host_read_cost: float = HOST_COST,
 ) -> list[Row]:
     """The schedules that reverse ``n_steps`` steps within a budget, cheapest first.
 
@@ -324,6 +374,12 @@ def plan(
             ``floor(disk / state_size)`` disk slots.
         disk_write_cost, disk_read_cost: the cost of writing/reading one state to/from disk, in
             units of one step evaluation.
+        host_memory: an optional host-RAM budget beside ``memory`` (then device memory) for
+            the compiled JAX loops: adds a ``MultiLevel`` row with a device level, a host level
+            of ``floor(host_memory / state_size)`` slots (``storage="host"``) and, with
+            ``disk``, a disk level (``storage="disk"``), ready for ``retrograde.scan``.
+        host_write_cost, host_read_cost: the cost of moving one state to/from host RAM, in step
+            evaluations (measure them with ``python -m retrograde calibrate``).
 
     Returns:
         A list of :class:`Row`, sorted by cost (ties: less memory first); ``rows[0]`` is the
@@ -347,6 +403,7 @@ def plan(
     return plan_with_notes(
         n_steps, snapshots, memory, state_size, disk,
         disk_write_cost=disk_write_cost, disk_read_cost=disk_read_cost,
+        host_memory=host_memory, host_write_cost=host_write_cost, host_read_cost=host_read_cost,
     )[0]
 
 
@@ -359,6 +416,9 @@ def plan_with_notes(
     *,
     disk_write_cost: float = 2.0,
     disk_read_cost: float = 2.0,
+    host_memory: str | int | None = None,
+    host_write_cost: float = HOST_COST,
+    host_read_cost: float = HOST_COST,
 ) -> tuple[list[Row], list[str]]:
     """:func:`plan`, plus one line per schedule left out saying why."""
     n = check_steps(n_steps)
@@ -366,7 +426,10 @@ def plan_with_notes(
         raise ValueError(f"n_steps={n}: plan a loop of at least one step.")
     w = _check_cost(disk_write_cost, "disk_write_cost")
     r = _check_cost(disk_read_cost, "disk_read_cost")
+    host = (_check_cost(host_write_cost, "host_write_cost"),
+            _check_cost(host_read_cost, "host_read_cost"))
     slots, disk_slots, size = _budget(snapshots, memory, state_size, disk)
+    host_slots = _level_slots(host_memory, "host_memory", size, state_size)
 
     def nbytes(k: int) -> str:
         return f" ({format_size(k * size)})" if size is not None else ""
@@ -404,6 +467,12 @@ def plan_with_notes(
             rows.append(_row_from_stats(
                 f"MultiLevel({slots} mem, {disk_slots} disk)", schedule, stats, w, r
             ))
+    # Device plus host (plus disk), for the compiled loops.
+    if host_slots:
+        if n > MULTILEVEL_LIMIT:
+            notes.append(f"MultiLevel is planned only up to N = {MULTILEVEL_LIMIT:,} here.")
+        else:
+            rows.append(_offload_row(n, slots, host_slots, host, disk_slots, (w, r)))
     # Online (for loops whose step count is not known in advance), for comparison.
     if s > 1:
         if n * s > ONLINE_LIMIT:
@@ -419,12 +488,14 @@ def plan_with_notes(
     rows.append(dict(name="RecomputeAll()", schedule=RecomputeAll(), plain=t, recorded=n,
                      cost=t + n, memory_slots=1))
 
-    rows.sort(key=lambda row: (row["cost"], row["memory_slots"], row.get("disk_slots", 0)))
+    rows.sort(key=lambda row: (row["cost"], row["memory_slots"], row.get("host_slots", 0),
+                               row.get("disk_slots", 0)))
     out = []
     for i, row in enumerate(rows):
         if size is not None:
             row["memory_bytes"] = row["memory_slots"] * size
             row["disk_bytes"] = row.get("disk_slots", 0) * size
+            row["host_bytes"] = row.get("host_slots", 0) * size
         out.append(Row(n_steps=n, recommended=(i == 0), **row))
     return out, notes
 
@@ -436,26 +507,29 @@ def _fmt_int(value: int) -> str:
 def format_table(rows: Sequence[Row], *, disk: bool | None = None) -> str:
     """Render rows as a plain-text table; the recommended row is marked with ``*``.
 
-    Columns: plain, recorded and total evaluations; with disk, the cost including disk
+    Columns: plain, recorded and total evaluations; with disk (or host), the cost including
     transfers; the overhead (cost over ``2N - 1``); peak memory slots (and bytes when the state
-    size is known); with disk, peak disk slots and bytes.
+    size is known); with host, peak host slots and bytes; with disk, peak disk slots and bytes.
     """
     if disk is None:
         disk = any(row.disk_slots for row in rows)
+    host = any(row.host_slots for row in rows)
     has_bytes = any(row.memory_bytes is not None for row in rows)
     header = ["", "schedule", "plain", "recorded", "total"]
-    if disk:
+    if disk or host:
         header.append("cost")
     header += ["overhead", "slots"]
     if has_bytes:
         header.append("peak memory")
+    if host:
+        header += ["host slots", "peak host"]
     if disk:
         header += ["disk slots", "peak disk"]
     lines = []
     for row in rows:
         cells = ["*" if row.recommended else "", row.name, _fmt_int(row.plain),
                  _fmt_int(row.recorded), _fmt_int(row.evaluations)]
-        if disk:
+        if disk or host:
             cells.append(f"{row.cost:,.1f}" if row.cost != int(row.cost) else _fmt_int(int(row.cost)))
         cells += [
             f"{row.overhead:.3f}" if row.overhead < 1000 else f"{row.overhead:,.0f}",
@@ -463,6 +537,9 @@ def format_table(rows: Sequence[Row], *, disk: bool | None = None) -> str:
         ]
         if has_bytes:
             cells.append(format_size(row.memory_bytes) if row.memory_bytes is not None else "-")
+        if host:
+            cells += [_fmt_int(row.host_slots),
+                      format_size(row.host_bytes) if row.host_bytes else "-"]
         if disk:
             cells += [_fmt_int(row.disk_slots),
                       format_size(row.disk_bytes) if row.disk_bytes else "-"]

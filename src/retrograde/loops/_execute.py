@@ -27,6 +27,7 @@ from jax import lax
 from . import _machine as machine
 from ._body import Body, is_float
 from ..schedules import online_decisions
+from ._offload import Offload, Segments, tags_of, thinning_slot
 from ._placement import store_slot
 from ._tables import Tables
 
@@ -41,15 +42,21 @@ def _put(buffers, values, n):
     return [lax.dynamic_update_index_in_dim(b, v, n, 0) for b, v in zip(buffers, values)]
 
 
-def _load(slots, k, cur):
+def _load(slots, k, cur, off: Offload | None = None, step=None):
     """The state in slot ``k``, or ``cur`` if ``k < 0`` (a select, not a conditional: a
-    conditional that passes a loop's state through copies it)."""
+    conditional that passes a loop's state through copies it). With ``off``, slots from
+    ``off.n_device`` on are offloaded: their state (``u_step``) is fetched from its store."""
+    if off is not None:
+        k, cur = off.fetch(k, cur, step)
     got = _slice(slots, jnp.maximum(k, 0))
     return [jnp.where(k >= 0, g, c) for g, c in zip(got, cur)]
 
 
-def _store(slots, k, values):
-    """``slots`` with ``values`` in slot ``k`` (unchanged if ``k < 0``), in place."""
+def _store(slots, k, values, off: Offload | None = None, step=None):
+    """``slots`` with ``values`` in slot ``k`` (unchanged if ``k < 0``), in place. With ``off``,
+    an offloaded slot's state (``u_step``) goes to its store instead."""
+    if off is not None:
+        k = off.keep(k, values, step)
     j = jnp.maximum(k, 0)
     old = _slice(slots, j)
     return _put(slots, [jnp.where(k >= 0, v, o) for v, o in zip(values, old)], j)
@@ -101,10 +108,11 @@ def _confined(seeds, sweep, zero, axes):
 
 
 def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = None, *,
-            ys: bool = True, slots=None, unroll=1, batched=False):
+            ys: bool = True, slots=None, unroll=1, batched=False, off: Offload | None = None):
     """Run all ``N = length`` steps. Returns ``(carry_N, ys, snaps)``: the stacked per-step
     outputs (none unless ``ys``), and with ``tables`` the snapshots, ``S`` rows of each stored
-    carry leaf (written into ``slots`` if given) followed by the stored leaves of ``u_{N-1}``."""
+    carry leaf (written into ``slots`` if given) followed by the stored leaves of ``u_{N-1}``.
+    Snapshots of offloaded slots go to the store of ``off`` (required if the tables have some)."""
     n = tables.length if tables is not None else length
     step = body.runner(batched)
     ys_buf = _zeros(body.y_avals, (n,)) if ys else []
@@ -115,8 +123,12 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
         carry, ys_buf, slots, ptr = state
         if tables is not None:
             hit = steps[ptr] == i
+            k, keep = where[ptr], hit
+            if off is not None:  # an offloaded slot's snapshot goes to its store
+                k = off.keep(k, body.snapshot(carry), i, hit)
+                keep = hit & (k >= 0)
             slots = lax.cond(
-                hit, lambda s: _put(s, body.snapshot(carry), where[ptr]), lambda s: list(s), slots
+                keep, lambda s: _put(s, body.snapshot(carry), k), lambda s: list(s), slots
             )
             ptr = ptr + hit.astype(i32)
         new, y = step(consts, carry, _slice(xs, i))
@@ -150,13 +162,16 @@ def _decisions(n_slots: int, max_steps):
 
 
 def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry, save: bool,
-                  axes=()):
+                  axes=(), layout=None):
     """Run ``while cond(carry) and n < max_steps: carry = body(carry)``; with ``save``, place
     snapshots by the ``Online`` rule as steps arrive. Returns ``(carry_N, N, slots, held)``:
     ``S`` rows of each stored carry leaf and int32[S] held steps (``-1`` empty). Under ``vmap``
-    (``axes``) the loop runs while any element goes on."""
-    held = jnp.full((n_slots,), -1, i32)
-    slots = _zeros(body.snapshot_avals, (n_slots,)) if save else []
+    (``axes``) the loop runs while any element goes on. With a two-level ``layout``
+    (``Online(s, slow=...)``) the snapshots go to the offloaded slots of a new store: ``slots`` is
+    then its handle and the tags of the stored leaves (:func:`._offload.tags_of`), and ``held``
+    has one entry per offloaded slot."""
+    held = jnp.full((n_slots if layout is None else layout.n_offloaded,), -1, i32)
+    slots = _zeros(body.snapshot_avals, (n_slots,)) if save and layout is None else []
     limit = jnp.iinfo(jnp.int32).max if max_steps is None else max_steps
     step = body.runner(bool(axes))
 
@@ -179,6 +194,10 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
     if not save:
         n, carry, _, _ = run(None, go, state)
         return carry, n, [], held
+    if layout is not None:  # Online(s, slow=...): thinning on the offloaded slots
+        off = Offload.open(layout, n_device=0)
+        n, carry, _, held = run(lambda *a: _place_thinned(*a, off=off), go, state)
+        return carry, n, [off.handle, *tags_of(body.snapshot(carry))], held
     place = _placement(n_slots, max_steps)
     n, carry, slots, held = run(place, go, state)
     return carry, n, slots, held
@@ -199,10 +218,15 @@ def _placement(n_slots: int, max_steps):
     return place
 
 
-def _stored(n, k, snap, slots, held):
-    """``u_n`` in slot ``k`` (nothing if ``k < 0``)."""
+def _stored(n, k, snap, slots, held, off=None):
+    """``u_n`` in slot ``k`` (nothing if ``k < 0``); with ``off``, in its store."""
     held = jnp.where(k >= 0, held.at[jnp.maximum(k, 0)].set(n), held)
-    return _store(slots, k, snap), held
+    return _store(slots, k, snap, off, n), held
+
+
+def _place_thinned(n, snap, slots, held, off):
+    """Store ``u_n`` where ``Online(s, slow=...)``'s thinning rule puts it, in ``off``'s store."""
+    return _stored(n, thinning_slot(n, held), snap, slots, held, off)
 
 
 def advance_steps(body: Body, consts, carry, n_steps, batched=False):
@@ -234,8 +258,10 @@ class _Steps:
 
     ``cur`` holds the carry leaves that snapshots hold; write-only buffer leaves (``body.stored``
     False) are fed to the step as fixed zeros, since nothing the step computes depends on them, so
-    recomputation never carries (or writes) them.
+    recomputation never carries (or writes) them. ``off``: the sweep's offloaded slots, if any.
     """
+
+    off: Offload | None = None
 
     def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep, batched):
         self.body, self.consts, self.xs = body, consts, xs
@@ -300,9 +326,9 @@ class _Steps:
 
     def move(self, act, cur, slots):
         """Restore, advance, store (each only if the action asks)."""
-        cur = _load(slots, act.restore, cur)
+        cur = _load(slots, act.restore, cur, self.off, act.start)
         cur = self.advance(cur, act.start, act.stop)
-        return cur, _store(slots, act.store, cur)
+        return cur, _store(slots, act.store, cur, self.off, act.stop)
 
     def leaf_forward(self, act, idx, cur, slots):
         """A leaf's forward part: store every state from ``first`` on and advance to the last."""
@@ -423,19 +449,28 @@ def adjoint(body: Body, tables: Tables, consts, carry0, xs, snaps, carry_bar, ys
     steps = _Steps(body, consts, xs, ys_bar, ymask, keep, bool(axes))
     ns = sum(body.stored)
 
-    def sweep(snaps):
+    def sweep(snaps, off=None):
+        steps.off = off
+        if off is not None:  # the stored snapshots are batched as u_{N-1} is
+            off.tags = tags_of(snaps[ns:])
         kbar, cbar, xbar = _reverse(steps, _source(tables), snaps[ns:], snaps[:ns], carry_bar,
                                     consts_bar, xs_bar)
+        if off is not None:  # the last read of the store: release it
+            off.close()
         return cbar, kbar, xbar
 
     if snaps is not None:
-        return sweep(list(snaps))
+        snaps = list(snaps)
+        if tables.offload is None:
+            return sweep(snaps)
+        return sweep(snaps[:-1], Offload(tables.offload, snaps[-1]))
 
     def own():
         rows = _zeros_after(body.snapshot_avals, (tables.n_slots,), [*carry_bar, *carry0])
-        _, _, laid = forward(body, tables.length, consts, carry0, xs, tables, ys=False, slots=rows,
-                             batched=bool(axes))
-        return sweep(laid)
+        off = Offload.open(tables.offload) if tables.offload is not None else None
+        _, _, laid = forward(body, tables.length, consts, carry0, xs, tables, ys=False,
+                             slots=rows, batched=bool(axes), off=off)
+        return sweep(laid, off)
 
     def zero():
         return consts_bar, [jnp.zeros_like(k) for k in carry_bar], xs_bar
@@ -444,15 +479,27 @@ def adjoint(body: Body, tables: Tables, consts, carry0, xs, snaps, carry_bar, ys
 
 
 def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, ck, carry_bar,
-                  keep=None, axes=()):
+                  keep=None, axes=(), layout=None):
     """Reverse ``n_steps`` steps of a body without per-step inputs or outputs.
 
     From ``ck = (slots, held)`` (the forward sweep's snapshots) or, with ``ck is None``, after
     replaying the forward sweep's placement. The segments between held snapshots are reversed by
     the in-graph binomial machine. Returns cotangents of float consts and carry leaves.
+
+    With a two-level ``layout`` (``Online(n_slots, slow=...)``) the held snapshots are in a store
+    (``ck = ([handle, *tags], held)``): each segment's start is restored from it into one of the
+    ``n_slots`` device slots, which reverse the segment (:class:`._offload.Segments`).
     """
     consts_bar, _ = _cotangent_init(body, consts, [], keep)
     steps = _Steps(body, consts, [], [], (), keep, bool(axes))
+
+    def sweep_offloaded(handle, held, tags):
+        steps.off = Offload(layout, handle, tags)
+        rows = _zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0])
+        kbar, cbar, _ = _reverse(steps, Segments(n_slots, held, n_steps), body.snapshot(carry0),
+                                 rows, carry_bar, consts_bar, [])
+        steps.off.close()  # the last read of the store: release it
+        return cbar, kbar
 
     def sweep(slots, held):
         order = jnp.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held)).astype(i32)
@@ -463,23 +510,33 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
         return cbar, kbar
 
     if ck is not None:
+        if layout is not None:
+            return sweep_offloaded(ck[0][0], ck[1], ck[0][1:])
         return sweep(list(ck[0]), ck[1])
 
-    def own():
-        place = _placement(n_slots, max_steps)
-
-        def replay(n, state):
+    def replay(place):
+        def one(n, state):
             cur, slots, held = state
             slots, held = place(n, cur, slots, held)
             return steps.step(cur, n), slots, held
 
+        return one
+
+    def own_offloaded():
+        off = Offload.open(layout, n_device=0)
+        state = (body.snapshot(carry0), [], jnp.full((layout.n_offloaded,), -1, i32))
+        state = lax.fori_loop(0, n_steps, replay(
+            lambda *a: _place_thinned(*a, off=off)), state)
+        return sweep_offloaded(off.handle, state[2], tags_of(state[0]))
+
+    def own():
         state = (body.snapshot(carry0),
                  _zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
                  jnp.full((n_slots,), -1, i32))
-        state = lax.fori_loop(0, n_steps, replay, state)
+        state = lax.fori_loop(0, n_steps, replay(_placement(n_slots, max_steps)), state)
         return sweep(state[1], state[2])
 
     def zero():
         return consts_bar, [jnp.zeros_like(k) for k in carry_bar]
 
-    return _confined(list(carry_bar), own, zero, axes)
+    return _confined(list(carry_bar), own if layout is None else own_offloaded, zero, axes)

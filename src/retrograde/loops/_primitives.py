@@ -49,6 +49,9 @@ from ..schedules import Schedule
 from . import _levels
 from ._body import Body, cut, is_float, jvp_body
 from ._execute import adjoint, adjoint_while, advance_steps, forward
+from ._offload import (
+    Layout, Offload, release_with, stored_effects, two_level, unread_snapshots_dce,
+)
 from ._tables import tables_for
 
 fwd_p = Primitive("retrograde_forward")
@@ -57,6 +60,18 @@ adj_p = Primitive("retrograde_adjoint")
 for _p in (fwd_p, tan_p, adj_p):
     _p.multiple_results = True
     _p.def_impl(lambda *args, _p=_p, **params: dispatch.apply_primitive(_p, *args, **params))
+
+
+def _fwd_eager(*args, **params):
+    """``fwd_p`` run on its own: a store of offloaded snapshots is released with its handle if no
+    reverse sweep reads it first (e.g. after ``jax.jvp``, or a dropped ``jax.vjp`` function)."""
+    outs = dispatch.apply_primitive(fwd_p, *args, **params)
+    if params["save"] and params["extent"].offload is not None:
+        release_with(outs[-1])
+    return outs
+
+
+fwd_p.def_impl(_fwd_eager)
 
 
 # ----------------------------------------------------------------------------- static parameters
@@ -88,7 +103,7 @@ class Extent:
 
     @property
     def n_slots(self) -> int:
-        """Snapshot slots."""
+        """Snapshot slots (in device memory)."""
         if self.dynamic:
             return self.schedule.snapshots
         return tables_for(self.schedule, self.length).n_slots
@@ -96,16 +111,35 @@ class Extent:
     def tables(self):
         return tables_for(self.schedule, self.length)
 
+    @property
+    def offload(self) -> Layout | None:
+        """Where the slots live when some are outside device memory (host RAM, disk), else
+        ``None``; the snapshots then hold the int32 handle of their store (:meth:`handle_of`)."""
+        if self.dynamic:
+            return two_level(self.schedule)
+        return self.tables().offload
+
     def snapshot_avals(self, body: Body) -> list:
         """The snapshots: ``S`` rows of each stored carry leaf, then the stored leaves of
-        ``u_{N-1}`` (known count) or the int32 held steps (run-time count)."""
+        ``u_{N-1}`` (known count) or the int32 held steps (run-time count). With offloaded
+        slots, the handle of their store follows (known count) or replaces the rows (run-time
+        count, ``Online(s, slow=...)``, with the stored leaves' tags: the held steps are those
+        of the offloaded slots)."""
         rows = [_timed(a, self.n_slots) for a in body.snapshot_avals]
+        handle = [core.ShapedArray((), jnp.int32)] if self.offload is not None else []
         if self.dynamic:
+            if handle:  # and the stored leaves' tags (``_offload.tags_of``)
+                return handle + [_timed(a, 0) for a in body.snapshot_avals] + [
+                    core.ShapedArray((self.offload.n_offloaded,), jnp.int32)]
             return rows + [core.ShapedArray((self.n_slots,), jnp.int32)]
-        return rows + list(body.snapshot_avals)
+        return rows + list(body.snapshot_avals) + handle
+
+    def handle_of(self, snaps):
+        """The handle of the offloaded snapshots' store among the snapshots."""
+        return snaps[0] if self.dynamic else snaps[-1]
 
     def n_snapshots(self, body: Body) -> int:
-        return sum(body.stored) + (1 if self.dynamic else sum(body.stored))
+        return len(self.snapshot_avals(body))
 
 
 # ----------------------------------------------------------------------------- input groups
@@ -299,22 +333,31 @@ def _adj_outs(body, extent, keep):
     return outs + _pick(keep.xs, _floats_of(xs, body.x_avals))
 
 
-def _abstract(outs_fn):
+def _abstract(outs_fn, stores):
+    """The abstract evaluation rule; ``stores(**params)``: whether the primitive reaches the
+    stores of offloaded slots (then it has their ordered effect)."""
+
     def rule(*args, body, levels, **params):
-        return _levels.batched_avals(outs_fn(body, **params), levels), body.effects
+        effs = body.effects
+        if stores(**params):
+            effs = effs | stored_effects(params["extent"].offload)
+        return _levels.batched_avals(outs_fn(body, **params), levels), effs
 
     return rule
 
 
 fwd_p.def_effectful_abstract_eval(
-    _abstract(lambda body, extent, save: _fwd_outs(body, extent, save)))
+    _abstract(lambda body, extent, save: _fwd_outs(body, extent, save),
+              lambda extent, save: save))
 tan_p.def_effectful_abstract_eval(
     lambda *a, body, extent, has_snaps, masks, levels: (
         _levels.batched_avals(_tan_outs(body, extent, masks), levels),
-        jvp_body(body, *masks)[0].effects,
+        jvp_body(body, *masks)[0].effects
+        | (stored_effects(extent.offload) if has_snaps else set()),
     ))
 adj_p.def_effectful_abstract_eval(
-    _abstract(lambda body, extent, has_snaps, ymask, keep: _adj_outs(body, extent, keep)))
+    _abstract(lambda body, extent, has_snaps, ymask, keep: _adj_outs(body, extent, keep),
+              lambda **params: True))
 
 
 # ----------------------------------------------------------------------------- lowering
@@ -323,13 +366,18 @@ adj_p.def_effectful_abstract_eval(
 def _fwd_impl(args, body, extent, save, axes):
     a = FwdArgs.of(args, body)
     tables = extent.tables() if save else None
+    off = Offload.open(tables.offload) if tables is not None and tables.offload is not None else None
     carry, ys, snaps = forward(body, extent.length, a.consts, a.carry, a.xs, tables,
-                               unroll=extent.unroll, batched=bool(axes))
-    return [*carry, *ys, *snaps]
+                               unroll=extent.unroll, batched=bool(axes), off=off)
+    return [*carry, *ys, *snaps, *([off.handle] if off is not None else [])]
 
 
 def _tan_impl(args, body, extent, has_snaps, masks, axes):
     a = TanArgs.of(args, body, extent, has_snaps, masks)
+    if has_snaps and extent.offload is not None:
+        # The tangent loop never reads the snapshots (they are there for its transpose, which
+        # would have replaced it): a tangent that runs is their last holder, so it releases them.
+        Offload(extent.offload, extent.handle_of(a.snaps)).close()
     child, _, _ = jvp_body(body, *masks)
     consts, carry = [*a.consts, *a.dconsts], [*a.carry, *a.dcarry]
     if extent.dynamic:
@@ -346,7 +394,7 @@ def _adj_impl(args, body, extent, has_snaps, ymask, keep, axes):
         snaps = (a.snaps[:-1], a.snaps[-1]) if has_snaps else None
         cbar, kbar = adjoint_while(body, extent.n_slots, extent.max_steps, a.steps[0], a.consts,
                                    a.carry, snaps,
-                                   a.carry_bar, keep, axes)
+                                   a.carry_bar, keep, axes, extent.offload)
         return [*cbar, *kbar]
     cbar, kbar, xbar = adjoint(body, extent.tables(), a.consts, a.carry, a.xs,
                                a.snaps if has_snaps else None, a.carry_bar, a.ys_bar, ymask,
@@ -675,6 +723,14 @@ def _adj_dce(used_outputs, eqn):
 pe.dce_rules[adj_p] = _adj_dce
 
 
+def _fwd_dce(used_outputs, eqn):
+    body = eqn.params["body"]
+    return unread_snapshots_dce(used_outputs, eqn, body.nk + body.ny, body.effects)
+
+
+pe.dce_rules[fwd_p] = _fwd_dce
+
+
 # ----------------------------------------------------------------------------- batching
 
 
@@ -704,7 +760,8 @@ def _fwd_out_axes(data, dims, *, body, extent, save):
     d = FwdArgs.of(dims, body)
     carry_b, ys_b = carry_fixpoint(body.jaxpr, data, _b(d.consts), _b(d.carry), _b(d.xs), body.nk)
     snaps = 2 * _axes(_pick(body.stored, carry_b)) if save else []
-    return _axes(carry_b) + _axes(ys_b) + snaps
+    handle = [None] if save and extent.offload is not None else []
+    return _axes(carry_b) + _axes(ys_b) + snaps + handle
 
 
 def _unbatched_steps(dims):

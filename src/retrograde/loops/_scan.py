@@ -67,7 +67,8 @@ def scan(
         unroll: a bool or a non-negative int, validated as in ``jax.lax.scan``; a performance
             hint that changes neither results, evaluation counts nor memory bounds.
         schedule: an offline schedule from :mod:`retrograde.schedules` (``Revolve``, ``StoreAll``,
-            ``RecomputeAll``, ``Periodic``, ``MultiLevel`` with all levels in device memory).
+            ``RecomputeAll``, ``Periodic``, ``MultiLevel``, whose levels may live in host RAM or
+            on disk: ``Level(..., storage="host")``, see ``docs/offload.md``).
             Default: :func:`default_schedule` (about ``sqrt(2N)`` snapshots, each step run
             plainly at most twice).
 

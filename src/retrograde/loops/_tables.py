@@ -8,7 +8,9 @@ enumerating the schedule's actions), or a table of the machine's macro-actions t
 the schedule's action stream (any other offline schedule, e.g. ``MultiLevel``): one row per
 restore, advance, store and record, which costs ``O(actions)`` to build.
 
-Slots of all storage levels are numbered consecutively (all levels live in device memory here).
+Slots of all storage levels are numbered consecutively, those in device memory first; the
+others (levels with ``storage="host"`` or ``"disk"``) follow and live in host stores
+(:mod:`._offload`, described by the tables' :class:`~._offload.Layout`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 
 from ..schedules import Advance, Executor, OfflineSchedule, Record, Restore, Schedule, Store
 from ._machine import LEAF, MOVE
+from ._offload import Layout, offloaded
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -28,10 +31,12 @@ class Tables:
 
     Attributes:
         length: number of steps ``N``.
-        n_slots: snapshot slots on the device (all levels together).
+        n_slots: snapshot slots on the device (all device levels together).
         store_steps, store_slots: the forward sweep's stores, ascending (int32).
         rows: ``None`` for the binomial reversal; else int32 ``(R, 7)``: the reverse sweep as the
             machine's actions (fields of :class:`._machine.Action`).
+        offload: ``None`` if every slot is a device slot; else where each slot lives: slot
+            numbers ``n_slots`` and above (in ``store_slots`` and ``rows``) are offloaded.
     """
 
     length: int
@@ -39,6 +44,7 @@ class Tables:
     store_steps: np.ndarray
     store_slots: np.ndarray
     rows: np.ndarray | None
+    offload: Layout | None = None
 
     @property
     def held(self):
@@ -79,16 +85,26 @@ def tables_for(schedule: OfflineSchedule, length: int) -> Tables:
 
 def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
     actions = [a for a in schedule.actions(length) if type(a) in (Advance, Store, Restore, Record)]
-    # Number the slots of all levels consecutively.
+    # Number the slots of all levels consecutively, device levels first.
     top: dict[int, int] = {}
     for act in actions:
         if type(act) in (Store, Restore):
             top[act.level] = max(top.get(act.level, -1), act.slot)
-    offset, base = {}, 0
-    for level in sorted(top):
-        offset[level] = base
-        base += top[level] + 1
-    n_slots = max(base, 1)
+    levels = schedule.levels
+    far = {level for level in top if offloaded(levels[level])}
+    near = sorted(set(top) - far)
+    slots = [(lv, i) for lv in near for i in range(top[lv] + 1)]
+    n_slots = max(len(slots), 1)
+    slots += [(0, -1)] * (n_slots - len(slots))  # an unused device slot if all are offloaded
+    offset = {}
+    for lv in near + sorted(far):
+        offset[lv] = len(slots) if lv in far else sum(top[m] + 1 for m in near if m < lv)
+        if lv in far:
+            slots += [(lv, i) for i in range(top[lv] + 1)]
+    layout = None
+    if far:
+        layout = Layout(tuple(levels), tuple(lv for lv, _ in slots), tuple(i for _, i in slots),
+                        n_slots)
 
     # The first sweep: advance monotonically from step 0 to N - 1, storing on the way.
     stores, at, k = [], 0, 0
@@ -110,7 +126,7 @@ def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
     rows = _Rows(offset).run(actions[k:]).rows
     pts = np.asarray(stores, np.int32).reshape(-1, 2)
     return Tables(length, n_slots, pts[:, 0].copy(), pts[:, 1].copy(),
-                np.asarray(_merge_moves(rows), np.int32).reshape(-1, 7))
+                  np.asarray(_merge_moves(rows), np.int32).reshape(-1, 7), layout)
 
 
 class _Rows(Executor):

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax import tree_util
 from jax._src import core, dispatch
 from jax._src.interpreters import ad, mlir
+from jax._src.interpreters import partial_eval as pe
 from jax.extend.core import Primitive, jaxpr_as_fun
 
 from ..schedules import Online, Schedule, check_steps
@@ -35,6 +36,7 @@ from ._carry import (
     step_cache, trace_carry, with_weak_types,
 )
 from ._execute import forward_while
+from ._offload import release_with, stored_effects, unread_snapshots_dce
 from ._primitives import Extent, _zero, apply_tangent, carry_fixpoint
 
 T = TypeVar("T")
@@ -45,7 +47,18 @@ DEFAULT_SNAPSHOTS = 16
 
 wfwd_p = Primitive("retrograde_while")
 wfwd_p.multiple_results = True
-wfwd_p.def_impl(lambda *args, **params: dispatch.apply_primitive(wfwd_p, *args, **params))
+
+
+def _eager(*args, **params):
+    """``wfwd_p`` run on its own: as ``_primitives._fwd_eager``, an offloaded store that no
+    reverse sweep reads is released with its handle."""
+    outs = dispatch.apply_primitive(wfwd_p, *args, **params)
+    if params["save"] and params["extent"].offload is not None:
+        release_with(outs[params["body"].nk + 1])
+    return outs
+
+
+wfwd_p.def_impl(_eager)
 
 
 def _outs(body, extent, save):
@@ -54,7 +67,8 @@ def _outs(body, extent, save):
 
 
 def _abstract(*args, body, cond, extent, save, levels):
-    return _levels.batched_avals(_outs(body, extent, save), levels), body.effects | cond.effects
+    effs = body.effects | cond.effects | (stored_effects(extent.offload) if save else set())
+    return _levels.batched_avals(_outs(body, extent, save), levels), effs
 
 
 wfwd_p.def_effectful_abstract_eval(_abstract)
@@ -66,7 +80,7 @@ def _lowered(*args, body, cond, extent, save, levels):
     def run(*args):
         c, k = cut(args, [body.nc, body.nk])
         carry, n, slots, held = forward_while(body, cond, extent.n_slots, extent.max_steps, c, k,
-                                              save, axes)
+                                              save, axes, extent.offload)
         return [*carry, n, *slots, *([held] if save else [])]
 
     return _levels.vmapped(run, levels)(*args)
@@ -99,12 +113,23 @@ def _out_axes(data, dims, *, body, cond, extent, save):
     carry_b, _ = carry_fixpoint(body.jaxpr, data, [d is not None for d in dc],
                                 [d is not None for d in dk], [], body.nk)
     out = [0 if b else None for b in carry_b] + [None]
-    if save:
+    if save and extent.offload is not None:  # the store's handle, the tags, the held steps
+        out += [None] + [0 if b else None for b, st in zip(carry_b, body.stored) if st] + [None]
+    elif save:
         out += [0 if b else None for b, st in zip(carry_b, body.stored) if st] + [None]
     return out
 
 
 _levels.batcher(wfwd_p, _out_axes)
+
+
+def _dce(used_outputs, eqn):
+    body = eqn.params["body"]
+    return unread_snapshots_dce(used_outputs, eqn, body.nk + 1,
+                                body.effects | eqn.params["cond"].effects)
+
+
+pe.dce_rules[wfwd_p] = _dce
 
 
 def while_loop(
@@ -135,7 +160,10 @@ def while_loop(
         schedule: ``retrograde.schedules.Online(snapshots)`` (default ``Online(16)``): at most
             ``snapshots`` states are kept, placed as steps arrive; the reversal is the binomial one
             between them. Total evaluations are within a few percent of the offline optimum for the
-            number of steps actually taken (see ``benchmarks/schedules.py``).
+            number of steps actually taken (see ``benchmarks/schedules.py``). ``Online(snapshots,
+            slow=Level(h, storage="host"))`` (or ``"disk"``) places up to ``h`` snapshots in host
+            RAM (or a temporary file) and reverses each segment between them with ``snapshots``
+            device slots (``docs/offload.md``).
         max_steps: optional cap on the number of steps (as in diffrax).
         buffers: optional ``val -> pytree`` selecting leaves of ``val`` (the same objects) that
             are write-only buffers, e.g. saved outputs: each step may write them
@@ -187,6 +215,12 @@ def _while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers, firs
             f"{where}: schedule must be retrograde.schedules.Online(snapshots) (the "
             f"step count is unknown until the loop ends), got {schedule!r}. For a known step "
             "count use retrograde.scan or retrograde.fori_loop with an offline schedule."
+        )
+    if schedule.slow is not None and schedule.slow.storage == "device":
+        raise ValueError(
+            f"{where}: schedule={schedule!r} keeps its slow level in device memory; in a compiled "
+            "loop the slow level of Online(snapshots, slow=...) must live outside it: give it "
+            "storage='host' or storage='disk' (or use Online(snapshots) with more slots)."
         )
     if max_steps is not None:
         max_steps = check_steps(max_steps, f"{where}: max_steps")

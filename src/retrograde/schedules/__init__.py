@@ -17,7 +17,8 @@ from ._revolve import Revolve, binomial_reversal, largest_split, reverse_held, r
 from ._simple import Periodic, RecomputeAll, StoreAll
 from ._simulate import Simulator, Stats, execute, simulate
 from ._online import (
-    Online, online_decisions, online_store_slot, online_targets, online_totals, segment_cost,
+    Online, online_decisions, online_store_slot, online_targets, online_totals, reverse_segments,
+    segment_cost, thinning_slot, thinning_spacing,
 )
 from ._multilevel import MultiLevel
 from ._default import default_schedule, default_snapshots
@@ -31,7 +32,7 @@ __all__ = [
     "Revolve", "binomial_reversal", "reverse_held", "revolve_split", "largest_split",
     "Periodic", "RecomputeAll", "StoreAll",
     "Online", "online_decisions", "online_store_slot", "online_targets", "online_totals",
-    "segment_cost",
+    "reverse_segments", "segment_cost", "thinning_slot", "thinning_spacing",
     "MultiLevel", "default_schedule", "default_snapshots",
     "Simulator", "Stats", "execute", "simulate",
 ]

@@ -6,9 +6,13 @@ import abc
 import dataclasses
 import math
 import operator
+import os
 from collections.abc import Callable, Iterator, Sequence
 
 from ._actions import Action, Advance, Free, ScheduleError, Store
+
+#: Where a level's snapshots live in the compiled JAX loops (:attr:`Level.storage`).
+STORAGES = ("device", "host", "disk")
 
 __all__ = [
     "Level", "Schedule", "OfflineSchedule", "OnlineSchedule", "OnlineRun", "check_steps",
@@ -26,18 +30,44 @@ class Level:
         write_cost: cost of one ``Store`` on this level, in units of one step evaluation.
         read_cost: cost of one ``Restore`` on this level, in units of one step evaluation.
         name: a label ("device", "host", "disk") used in tables and pictures.
+        storage: where the compiled JAX loops (``retrograde.scan``, ``fori_loop``,
+            ``while_loop``) keep this level's snapshots: ``"device"`` (the default: in the
+            compiled program's memory), ``"host"`` (host RAM, outside the compiled program) or
+            ``"disk"`` (an unnamed temporary file, checksummed). A host or disk transfer is a
+            host callback that copies one state; see ``docs/offload.md``. Schedules and the
+            simulator only read the costs; ``retrograde.host`` maps levels to stores itself.
+        directory: for ``storage="disk"``, where the temporary file goes (``None``: the system's
+            temporary directory).
 
     Example:
         >>> from retrograde.schedules import Level
         >>> disk = Level(None, write_cost=2.0, read_cost=2.0, name="disk")  # unlimited
+        >>> host = Level(64, write_cost=0.5, read_cost=0.5, name="host", storage="host")
     """
 
     slots: int | None
     write_cost: float = 0.0
     read_cost: float = 0.0
     name: str = ""
+    storage: str = "device"
+    directory: str | None = None
 
     def __post_init__(self):
+        if self.storage not in STORAGES:
+            raise ValueError(
+                f"Level(storage={self.storage!r}) must be one of {', '.join(map(repr, STORAGES))}."
+            )
+        if self.directory is not None:
+            if self.storage != "disk":
+                raise ValueError(
+                    f"Level(directory={self.directory!r}) is only for storage='disk' (this level's "
+                    f"storage is {self.storage!r})."
+                )
+            if not isinstance(self.directory, (str, os.PathLike)):
+                raise TypeError(
+                    f"Level(directory=...) must be a path or None, got {self.directory!r}."
+                )
+            object.__setattr__(self, "directory", os.fspath(self.directory))
         if self.slots is not None:
             if isinstance(self.slots, bool) or not isinstance(self.slots, int):
                 raise TypeError(f"Level(slots=...) must be an int or None, got {self.slots!r}.")
