@@ -123,3 +123,15 @@ def test_cases_grad_and_grad_of_grad(case):
 @pytest.mark.parametrize("case", sorted(SOLVER_CASES))
 def test_cases_jvp(case):
     _check(jvp_all, SOLVER_CASES[case])
+
+
+def test_host_level():
+    """``CheckpointAdjoint(Online(2, slow=Level(8, storage="host")))``: the solver states the
+    online rule places live in host RAM (``docs/offload.md``); gradient and gradient of a
+    gradient against DirectAdjoint."""
+    from retrograde.schedules import Level, Online
+
+    adjoint = checkpoint_adjoint(Online(2, slow=Level(8, write_cost=0.5, read_cost=0.5,
+                                                      storage="host")))
+    for fn in (grad_all, grad_of_grad):
+        assert_close(fn(*inputs(), adjoint, {}), fn(*inputs(), DIRECT, {}), 1e-10)
