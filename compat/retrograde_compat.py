@@ -83,14 +83,22 @@ def _lax_substitute(name: str, schedule):
 def _replace_lax(name: str, fun) -> None:
     """Make ``jax.lax`` (the attribute of ``jax`` and ``sys.modules["jax.lax"]``) a copy of the
     module with ``name`` replaced by ``fun``. Modules imported before (retrograde's loops, which
-    run ``lax.while_loop`` themselves, and JAX, whose internals import ``jax._src``) keep the
-    real module; the test modules, imported later, see the copy."""
+    run ``lax.while_loop`` themselves; JAX, whose internals import ``jax._src``; the libraries
+    the suites use, whose own loops are not under test) keep the real module; the test modules,
+    imported later, see the copy."""
+    import importlib
     import sys
     import types
 
     import jax
 
     import retrograde.loops  # noqa: F401  (imported with the real jax.lax)
+
+    for library in ("equinox", "lineax", "optimistix", "diffrax", "optax"):
+        try:
+            importlib.import_module(library)
+        except ImportError:
+            pass
 
     real = jax.lax
     copy = types.ModuleType(real.__name__, real.__doc__)

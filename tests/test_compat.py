@@ -77,7 +77,8 @@ def test_lax_substitution(tmp_path, substitute, schedule):
     only there: retrograde's own loops, which run ``lax.while_loop``, do not recurse. (The
     while loop's gradient fails with lax's own loop.)"""
     called = _run_suite(tmp_path, substitute, schedule)
-    assert called[f"test_{substitute}"] == ("passed", 1)
+    calls = 2 if substitute == "while_loop" else 1  # test_while_loop calls it twice
+    assert called[f"test_{substitute}"] == ("passed", calls)
     assert called["test_default_adjoint"] == ("passed", 0)
     assert called["test_while_loop"][0] == ("passed" if substitute == "while_loop" else "failed")
 
