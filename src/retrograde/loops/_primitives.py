@@ -235,7 +235,7 @@ class Keep(NamedTuple):
     carry: tuple
 
     @classmethod
-    def all(cls, body: Body) -> Keep:
+    def every(cls, body: Body) -> Keep:
         """Every float leaf."""
         return cls(*(tuple(True for a in avals if is_float(a))
                      for avals in (body.const_avals, body.x_avals, body.carry_avals)))
@@ -455,7 +455,7 @@ def apply_adjoint(body, extent, z, snaps, kbar, ybar, steps=(), keep=None) -> Ad
     kbar_f = [_inst(t) for t in _floats_of(kbar, body.carry_avals)]
     ybar_f = _floats_of(ybar, body.y_avals)
     ymask = tuple(_nz(t) for t in ybar_f)
-    keep = Keep.all(body) if keep is None else keep
+    keep = Keep.every(body) if keep is None else keep
     args = AdjArgs(list(steps), list(c), list(k), list(x), list(snaps), kbar_f,
                    _pick(ymask, ybar_f))
     outs = adj_p.bind(*_flat(args), body=body, extent=extent, has_snaps=bool(snaps),
@@ -485,7 +485,7 @@ def adjoint_tangent(body, extent, z, dz, w, dw, steps=(), keep=None) -> AdjOuts:
     # Cotangent on the child's outputs: (dw on the primal half, w on the tangent half).
     kbar_child = [*dkbar, *_pick(mk, kbar)]
     ybar_child = [*dybar, *_pick(my, ybar)]
-    keep = Keep.all(body) if keep is None else keep
+    keep = Keep.every(body) if keep is None else keep
     # Only the primal half of the child's consts and xs cotangents is wanted; its carry is
     # differentiated where the parent's is, and on every tangent leaf.
     child_keep = Keep(keep.consts + (False,) * sum(mc), keep.xs + (False,) * sum(mx),
@@ -573,7 +573,7 @@ def _tan_transpose(cts, *args, body, extent, has_snaps, masks, levels):
     kbar = _expand(mk, ctk, body.carry_avals)
     ybar = _expand(my, cty, y_avals)
     # Carry leaves without a tangent are held constant (nothing with a tangent depends on them).
-    keep = Keep.all(body)._replace(carry=tuple(_floats_of(mk, body.carry_avals)))
+    keep = Keep.every(body)._replace(carry=tuple(_floats_of(mk, body.carry_avals)))
     bar = apply_adjoint(body, extent, a.z, a.snaps, kbar, ybar, a.steps, keep)
     full = (
         _full_from_floats(bar.consts, body.const_avals),
