@@ -415,11 +415,9 @@ class Online(MemorySlots, OnlineSchedule):
     slots of level 0 (:func:`reverse_segments`). Cost: ``N`` plain forward, ``sum_i t(L_i,
     snapshots)`` plain to reverse (``L_i`` the segments between held snapshots) and ``N``
     recorded; on the slow level one write per placement (at most ``h (1 + log2(N / h) / 2)``)
-    and one read per segment; on level 0 one write per segment plus Revolve's. Against the best equal split of ``N`` into ``h``
-    segments (the optimum of this two-level structure), total evaluations are within 12% for
-    ``h < N <= 20000``, ``h >= 8`` and ``snapshots >= 2`` (2% on average); fewer slow slots or a
-    single level-0 slot (quadratic recomputation per segment) give up to 41% (``h = 2``) and
-    50% (``snapshots = 1``, ``h = 4``): see ``docs/offload.md``.
+    and one read per segment; on level 0 one write per segment plus Revolve's. How close this
+    comes to the best equal split of ``N`` into ``h`` segments (the optimum of this two-level
+    structure): ``docs/offload.md``.
 
     Args:
         snapshots: slots for snapshots, the one holding the initial state included (``>= 1``);
