@@ -129,6 +129,30 @@ def test_axis_name_binds_in_step_and_predicate():
     assert_close(grad, 2 * ref * 1.5 ** (3 + np.arange(4)), 1e-12)
 
 
+def test_axis_name_binds_without_batched_inputs():
+    """A loop whose inputs are all unbatched but whose step or predicate names the vmap's axis
+    (lax.axis_index, lax.psum, inside a lax.cond) is batched, as jax.lax's loops are (JAX's
+    testWhileLoopAxisIndexBatched)."""
+
+    def run(loop, x):
+        return loop(lambda c: c < jax.lax.axis_index("i"), lambda c: c + 2, x)
+
+    batch = lambda f: jax.vmap(lambda _, x: f(x), axis_name="i", in_axes=(0, None))
+    ours = batch(lambda x: run(retrograde.while_loop, x))(jnp.zeros(4), 0)
+    assert_close(ours, batch(lambda x: run(jax.lax.while_loop, x))(jnp.zeros(4), 0), 0)
+
+    def scan_named(scan, w):
+        def step(c, _):
+            bump = jax.lax.cond(c > 0, lambda: jax.lax.axis_index("i") * 0.01, lambda: 0.0)
+            return jnp.sin(c * w) + jax.lax.psum(c, "i") * 0.1 + bump, None
+
+        return scan(step, 1.0, None, length=N)[0]
+
+    for f in (scan_named, lambda scan, w: jax.grad(functools.partial(scan_named, scan))(w)):
+        assert_close(batch(functools.partial(f, _ours()))(jnp.zeros(3), 0.7),
+                     batch(functools.partial(f, jax.lax.scan))(jnp.zeros(3), 0.7), 1e-12)
+
+
 def test_vmap_of_vmap_and_of_higher_derivatives():
     w = jnp.array([[0.3, -0.2], [0.1, 0.4]])
     u0 = jnp.arange(12.0).reshape(2, 3, 2) / 10
@@ -144,6 +168,44 @@ def test_vmap_of_vmap_and_of_higher_derivatives():
     hvp = lambda scan: jax.vmap(lambda u: jax.jvp(jax.grad(lambda w: loss(scan, w, u)), (w,),
                                                   (jnp.ones_like(w),))[1])
     assert_close(hvp(_ours())(u0[0]), hvp(jax.lax.scan)(u0[0]), 1e-11)
+
+
+def test_read_only_leaf_is_forwarded():
+    """A carry leaf the step returns unchanged comes out as the input itself, so that lax.cond
+    around the loop forwards it and a batched predicate leaves it unbatched (JAX's
+    test_scan_readonly_carry_optimization); its gradient is the identity's."""
+    loops = {
+        "scan": lambda y: _ours()(lambda c, _: ((c[0], c[1] * 2.0), None), (y, y), None,
+                                  length=3)[0],
+        "while": lambda y: retrograde.while_loop(lambda c: c[1] < 10.0,
+                                                 lambda c: (c[0], c[1] * 2.0), (y, y)),
+    }
+    for loop, doublings in zip(loops.values(), (3, 2)):  # while: 3 -> 6 -> 12
+        f = lambda x, y: jax.lax.cond(x < 0, lambda y: loop(y)[0], lambda y: loop(y)[0], y)
+        assert_close(jax.vmap(f, (0, None), None)(jnp.arange(3.0), 3.0), 3.0, 0)
+        grad = jax.grad(lambda y: loop(y)[0] + loop(y)[1])(3.0)
+        assert_close(grad, 1.0 + 2.0 ** doublings, 1e-12)
+
+
+def test_while_read_only_leaf_stays_unbatched():
+    """A carry leaf the step returns unchanged stays unbatched under a batched predicate, as in
+    jax.lax.while_loop (JAX's test_while_readonly_carry_optimization: out_axes=None for it), and
+    the gradient with respect to it is forward mode's through jax.lax.while_loop."""
+    w = jnp.array([[0.3, -0.2], [0.1, 0.4]])
+    xs, limits = jnp.linspace(0.1, 0.8, 8).reshape(4, 2), jnp.arange(4)
+
+    def run(loop, w, x, limit):
+        _, x, w = loop(lambda c: c[0] < limit, lambda c: (c[0] + 1, jnp.tanh(c[1] @ c[2]), c[2]),
+                       (0, x, w))
+        return w, x
+
+    batch = lambda loop: jax.vmap(functools.partial(run, loop), in_axes=(None, 0, 0),
+                                  out_axes=(None, 0))
+    assert_close(batch(retrograde.while_loop)(w, xs, limits),
+                 batch(jax.lax.while_loop)(w, xs, limits), 1e-12)
+    loss = lambda loop: lambda w: jnp.sum(batch(loop)(w, xs, limits)[1] ** 2)
+    assert_close(jax.grad(loss(retrograde.while_loop))(w), jax.jacfwd(loss(jax.lax.while_loop))(w),
+                 1e-12)
 
 
 def test_while_batched_predicate_mixes():

@@ -206,18 +206,30 @@ def jvp_body(body: Body, mc: Mask, mk: Mask, mx: Mask) -> tuple[Body, Mask, Mask
     return result
 
 
+def passthrough(step, nc: int, nk: int) -> list[bool]:
+    """Which carry leaves the closed jaxpr ``step`` ``(consts, carry, x) -> (carry, y)`` returns
+    unchanged (the output is the input variable). A loop returns such a leaf as it came in, as
+    ``jax.lax``'s loops do: ``jax.lax.cond`` around the loop then sees it forwarded, and
+    ``vmap`` keeps it unbatched."""
+    jaxpr = step.jaxpr
+    return [o is i for o, i in zip(jaxpr.outvars[:nk], jaxpr.invars[nc : nc + nk])]
+
+
 def guarded(step, guard, nc: int, nk: int):
     """The closed jaxpr ``where(guard(z), step(z), z)`` on the carry, for closed jaxprs ``step``
     ``(consts, carry, x) -> (carry, y)`` and ``guard`` ``(consts, carry) -> [bool]``. The guard is a
-    scalar, or one boolean per batch element (broadcast over each leaf's trailing axes)."""
+    scalar, or one boolean per batch element (broadcast over each leaf's trailing axes). A leaf
+    that ``step`` returns unchanged is returned as it is, unguarded: a batched guard does not make
+    it batched (as ``jax.lax.while_loop`` keeps a read-only carry leaf unbatched)."""
     run_step, run_guard = jex_core.jaxpr_as_fun(step), jex_core.jaxpr_as_fun(guard)
+    same = passthrough(step, nc, nk)
 
     def fun(*args):
         (ok,) = run_guard(*args[: nc + nk])
         ok = jax.numpy.asarray(ok)  # a constant predicate comes back as a Python bool
         out = run_step(*args)
-        kept = [jax.numpy.where(ok.reshape(ok.shape + (1,) * (o.ndim - ok.ndim)), n, o)
-                for n, o in zip(out[:nk], args[nc : nc + nk])]
+        kept = [o if s else jax.numpy.where(ok.reshape(ok.shape + (1,) * (o.ndim - ok.ndim)), n, o)
+                for n, o, s in zip(out[:nk], args[nc : nc + nk], same)]
         return [*kept, *out[nk:]]
 
     return jax.make_jaxpr(fun)(*[_sds(a) for a in step.in_avals])

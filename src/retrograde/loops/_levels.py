@@ -28,6 +28,8 @@ import jax.numpy as jnp
 from jax._src import core
 from jax._src.interpreters import ad, batching
 
+from ._body import Body
+
 
 @dataclasses.dataclass(frozen=True)
 class Level:
@@ -108,7 +110,8 @@ def batcher(prim, out_axes: Callable):
     **params)`` returns the batch axis (0 or ``None``) of each output."""
 
     def rule(data, args, dims, *, levels, **params):
-        if all(d is None for d in dims):  # nothing of this vmap reaches the primitive
+        if all(d is None for d in dims) and not _names_axis(params, data.name):
+            # nothing of this vmap reaches the primitive
             outs = prim.bind(*args, levels=levels, **params)
             return outs, [None] * len(outs)
         name = data.name if data.name is not core.no_axis_name else _Private()
@@ -118,6 +121,29 @@ def batcher(prim, out_axes: Callable):
         return prim.bind(*args, levels=(*levels, level), **params), list(outs)
 
     batching.fancy_primitive_batchers[prim] = rule
+
+
+def _names_axis(params, name) -> bool:
+    """Whether a program among ``params`` (a :class:`~._body.Body`'s step, second step or
+    predicate, a jaxpr, and the loops and conditionals nested in them) names the vmap's axis
+    ``name``, e.g. in ``lax.axis_index(name)`` or ``lax.psum(x, name)``: then the primitive is
+    batched even when no input is, as ``jax.lax``'s loops are. Cost: one pass over the programs'
+    equations."""
+    if name is core.no_axis_name:
+        return False
+    bodies = [v for v in params.values() if isinstance(v, Body)]
+    programs = [p.jaxpr for b in bodies for p in (b.jaxpr, b.fast, b.guard) if p is not None]
+    programs += core.jaxprs_in_params(params)
+    for jaxpr in programs:
+        for eqn in jaxpr.eqns:
+            for key in ("axis_name", "axes"):
+                named = eqn.params.get(key)
+                if named is not None and name in (named if isinstance(named, tuple)
+                                                  else (named,)):
+                    return True
+            if _names_axis(eqn.params, name):
+                return True
+    return False
 
 
 def _placeholder():
