@@ -134,3 +134,14 @@ def test_host_level():
     adjoint = checkpoint_adjoint(Online(2, slow=Level(8, write_cost=0.5, read_cost=0.5,
                                                       storage="host")))
     assert_close(grad_all(*inputs(), adjoint, {}), grad_all(*inputs(), DIRECT, {}), 1e-10)
+
+
+def test_wrapped_solver():
+    """diffrax.HalfSolver around a Runge-Kutta method, as diffrax's
+    test_halfsolver_term_compatible uses it: diffrax's isinstance sees the wrapper as a Runge-Kutta
+    method, but the stage loops are the wrapped solver's. Against RecursiveCheckpointAdjoint
+    (DirectAdjoint refuses a wrapped solver)."""
+    kw = dict(solver=diffrax.HalfSolver(diffrax.Heun()), max_steps=256,
+              controller=diffrax.PIDController(rtol=1e-4, atol=1e-4))
+    ref = grad_all(*inputs(), diffrax.RecursiveCheckpointAdjoint(), kw)
+    assert_close(grad_all(*inputs(), checkpoint_adjoint(), kw), ref, 1e-10)

@@ -167,12 +167,13 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
                 "CheckpointAdjoint does not support UnsafeBrownianPath: the step must be "
                 "recomputable."
             )
-        kinds = _stage_kinds(solver)
+        kinds = _stage_kinds(_unwrapped(solver))
         fast_solver = None
         if kinds is not None:
             general, fast = kinds
-            fast_solver = eqx.tree_at(lambda s: s.scan_kind, solver, fast, is_leaf=_is_none)
-            solver = eqx.tree_at(lambda s: s.scan_kind, solver, general, is_leaf=_is_none)
+            kind = lambda s: _unwrapped(s).scan_kind  # noqa: E731
+            fast_solver = eqx.tree_at(kind, solver, fast, is_leaf=_is_none)
+            solver = eqx.tree_at(kind, solver, general, is_leaf=_is_none)
         kwargs["progress_meter"] = _Undifferentiated(kwargs["progress_meter"])
         return self._loop(
             **kwargs,
@@ -216,6 +217,15 @@ class _Undifferentiated(diffrax.AbstractProgressMeter):
 
 def _is_none(x) -> bool:
     return x is None
+
+
+def _unwrapped(solver):
+    """The solver whose stage loop runs: ``solver``, or the one a wrapper such as
+    ``diffrax.HalfSolver`` wraps (recursively). diffrax's ``isinstance`` sees a wrapper as an
+    instance of the solver class it wraps, but only the wrapped solver has ``scan_kind``."""
+    while isinstance(solver, diffrax.AbstractWrappedSolver):
+        solver = solver.solver
+    return solver
 
 
 def _stage_kinds(solver) -> tuple[str, str] | None:
