@@ -536,6 +536,28 @@ def test_fori_traced_bounds():
     _check_fori_traced("default", derivatives=True)
 
 
+def test_fori_float_bounds():
+    """Floating-point bounds as in ``jax.lax.fori_loop``: truncated when concrete (``i`` an int),
+    a floating-point counter when traced (values and ``jvp`` as lax's; ``grad`` equals the
+    ``jvp``, which lax's while_loop cannot reverse)."""
+    body = lambda i, c: c * jnp.sin(i) + 0.1 * c**2  # noqa: E731
+    with jax.enable_x64(True):
+        for lo, hi in [(0.5, 3.7), (jnp.float64(1.0), jnp.float64(4.5))]:
+            P.assert_close(retrograde.fori_loop(lo, hi, body, 1.0),
+                           lax.fori_loop(lo, hi, body, 1.0), RTOL)
+
+        def traced(fori):
+            return jax.jit(lambda x: fori(x, x + 3.0, body, x))
+
+        x = jnp.float64(0.3)
+        P.assert_close(traced(retrograde.fori_loop)(x), traced(lax.fori_loop)(x), RTOL)
+        ref = jax.jvp(traced(lax.fori_loop), (x,), (1.0,))[1]
+        P.assert_close(jax.jvp(traced(retrograde.fori_loop), (x,), (1.0,))[1], ref, RTOL)
+        P.assert_close(jax.grad(traced(retrograde.fori_loop))(x), ref, RTOL)
+        with pytest.raises(TypeError):  # mixed int and float bounds, as lax
+            retrograde.fori_loop(0, 2.5, body, 1.0)
+
+
 @pytest.mark.parametrize("mode", ["strict_x64", "rank_raise"])
 def test_fori_traced_bounds_strict_values(mode):
     _check_fori_traced(mode, derivatives=False)

@@ -233,7 +233,8 @@ def fori_loop(
 
     Args:
         lower, upper: integer scalars; of equal dtypes unless one is a Python int (it takes the
-            other's), as in ``jax.lax``.
+            other's), as in ``jax.lax``. Floating-point bounds are accepted as there: truncated
+            with ``int`` when concrete, a floating-point counter when traced.
         body_fun: ``(i, val) -> val``, returning ``val`` in the structure, shapes and dtypes it
             came in with (as in :func:`scan`).
         init_val: a pytree of arrays.
@@ -281,24 +282,26 @@ def fori_loop(
 
 
 def _fori_bounds(lower, upper) -> tuple[Any, Any, bool]:
-    """``(lower, upper, static)``: Python ints if both bounds are concrete, else the bounds in
-    their common dtype. As in ``jax.lax.fori_loop``, the dtypes must be equal unless one bound is
-    weakly typed (a Python int) and both are signed (it then takes the other's); otherwise
-    ``TypeError``. Unlike there, non-integer bounds raise ``TypeError`` too."""
+    """``(lower, upper, static)``: Python ints if both bounds are concrete (truncated with
+    ``int``, floats too), else the bounds in their common dtype (a floating one counts in
+    floats). As in ``jax.lax.fori_loop``, the dtypes must be equal unless one bound is weakly
+    typed (a Python int) and both are signed (it then takes the other's); otherwise
+    ``TypeError``, as for a bound that is not a real scalar."""
     where = "retrograde.fori_loop"
     dtypes, weak = [], []
     for name, b in (("lower", lower), ("upper", upper)):
         d = getattr(b, "dtype", None)
-        ok = not isinstance(b, (bool, np.bool_)) and (isinstance(b, int) or (
-            d is not None and jnp.ndim(b) == 0 and jnp.issubdtype(d, jnp.integer)))
+        ok = not isinstance(b, (bool, np.bool_)) and (isinstance(b, (int, float)) or (
+            d is not None and jnp.ndim(b) == 0
+            and (jnp.issubdtype(d, jnp.integer) or jnp.issubdtype(d, jnp.floating))))
         if not ok:
             raise TypeError(
-                f"{where}: {name} must be an integer scalar (a Python int for a fixed number of "
-                f"steps), got {b!r}."
+                f"{where}: {name} must be a real scalar, normally an integer (a Python int for a "
+                f"fixed number of steps), got {b!r}."
             )
-        a = core.typeof(jnp.asarray(b) if isinstance(b, int) else b)
+        a = core.typeof(jnp.asarray(b) if isinstance(b, (int, float)) else b)
         dtypes.append(a.dtype)
-        weak.append(isinstance(b, int) or a.weak_type)
+        weak.append(isinstance(b, (int, float)) or a.weak_type)
     dtype = dtypes[0]
     if dtypes[0] != dtypes[1]:
         signed = all(jnp.issubdtype(d, jnp.signedinteger) for d in dtypes)
@@ -309,7 +312,7 @@ def _fori_bounds(lower, upper) -> tuple[Any, Any, bool]:
             )
         dtype = dtypes[1] if weak[0] else dtypes[0]
     if not isinstance(lower, core.Tracer) and not isinstance(upper, core.Tracer):
-        return operator.index(lower), operator.index(upper), True
+        return int(lower), int(upper), True
     lower, upper = (b if d == dtype else lax.convert_element_type(b, dtype)
                     for b, d in zip((lower, upper), dtypes))
     return lower, upper, False
