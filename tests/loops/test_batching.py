@@ -143,7 +143,8 @@ def test_axis_name_binds_without_batched_inputs():
 
     def scan_named(scan, w):
         def step(c, _):
-            bump = jax.lax.cond(c > 0, lambda: jax.lax.axis_index("i") * 0.01, lambda: 0.0)
+            index = jax.lax.convert_element_type(jax.lax.axis_index("i"), c.dtype)
+            bump = jax.lax.cond(c > 0, lambda: index * 0.01, lambda: jnp.zeros((), c.dtype))
             return jnp.sin(c * w) + jax.lax.psum(c, "i") * 0.1 + bump, None
 
         return scan(step, 1.0, None, length=N)[0]
