@@ -215,6 +215,13 @@ def passthrough(step, nc: int, nk: int) -> list[bool]:
     return [o is i for o, i in zip(jaxpr.outvars[:nk], jaxpr.invars[nc : nc + nk])]
 
 
+def forward_unchanged(body: Body, carry_in, outs) -> list:
+    """The loop's outputs ``outs`` (carry first) with each carry leaf that ``body``'s step
+    returns unchanged replaced by its input (:func:`passthrough`)."""
+    same = passthrough(body.jaxpr, body.nc, body.nk)
+    return [x if s else o for x, o, s in zip(carry_in, outs, same)] + list(outs[body.nk :])
+
+
 def guarded(step, guard, nc: int, nk: int):
     """The closed jaxpr ``where(guard(z), step(z), z)`` on the carry, for closed jaxprs ``step``
     ``(consts, carry, x) -> (carry, y)`` and ``guard`` ``(consts, carry) -> [bool]``. The guard is a

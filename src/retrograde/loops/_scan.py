@@ -13,7 +13,7 @@ from jax import lax, tree_util
 from jax._src import core
 
 from ..schedules import Online, Schedule, check_steps, default_schedule
-from ._body import Body, make_body, passthrough
+from ._body import Body, forward_unchanged, make_body
 from ._carry import (
     Names, aval_of, cached_wrapper, carry_label, check_pair, check_static_int, check_structure,
     check_types, check_unroll, convert, leaf_array, leaf_paths, sds, step_cache, trace_carry,
@@ -133,8 +133,7 @@ def _scan(f, init, xs, length, reverse, unroll, schedule, names: Names):
     if reverse:
         xs_flat = [lax.rev(x, (0,)) for x in xs_flat]
     outs = forward_loop(body, Extent(length, schedule, unroll), consts, init_flat, xs_flat)
-    same = passthrough(body.jaxpr, body.nc, body.nk)
-    outs = [x if s else o for x, o, s in zip(init_flat, outs, same)] + outs[body.nk :]
+    outs = forward_unchanged(body, init_flat, outs)
     outs = with_weak_types(outs, step.out_avals)
     carry = tree_util.tree_unflatten(step.carry_tree, outs[: body.nk])
     ys = [lax.rev(y, (0,)) for y in outs[body.nk :]] if reverse else outs[body.nk :]

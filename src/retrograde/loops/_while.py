@@ -30,7 +30,7 @@ from jax.extend.core import Primitive, jaxpr_as_fun
 
 from ..schedules import Online, Schedule, check_steps
 from . import _levels
-from ._body import Body, cut, guarded, make_body, passthrough
+from ._body import Body, cut, forward_unchanged, guarded, make_body
 from ._carry import (
     Names, aval_of, carry_label, check_structure, check_types, convert, leaf_array, leaf_paths, sds,
     step_cache, trace_carry, with_weak_types,
@@ -240,8 +240,7 @@ def _while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers, firs
     flat = convert(flat, loop.dtypes)
     outs = wfwd_p.bind(*consts, *flat, body=body, cond=cond,
                        extent=Extent(None, schedule, max_steps=max_steps), save=False, levels=())
-    same = passthrough(body.jaxpr, body.nc, body.nk)
-    outs = [x if s else o for x, o, s in zip(flat, outs, same)]
+    outs = forward_unchanged(body, flat, outs[: len(flat)])
     return tree_util.tree_unflatten(loop.tree, with_weak_types(outs, loop.out_avals))
 
 
