@@ -112,42 +112,79 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
     """Run all ``N = length`` steps. Returns ``(carry_N, ys, snaps)``: the stacked per-step
     outputs (none unless ``ys``), and with ``tables`` the snapshots, ``S`` rows of each stored
     carry leaf (written into ``slots`` if given) followed by the stored leaves of ``u_{N-1}``.
-    Snapshots of offloaded slots go to the store of ``off`` (required if the tables have some)."""
+    Snapshots of offloaded slots go to the store of ``off`` (required if the tables have some).
+
+    With ``m`` stores, ``m <= N / DENSE`` and ``unroll == 1``, the steps between two stores run
+    as a plain inner loop (one outer iteration per store), so a step costs what it costs
+    without snapshots; otherwise each step tests whether its state is stored."""
     n = tables.length if tables is not None else length
     step = body.runner(batched)
     ys_buf = _zeros(body.y_avals, (n,)) if ys else []
     if tables is not None and slots is None:
         slots = _zeros(body.snapshot_avals, (tables.n_slots,))
 
-    def advance(i, state):
-        carry, ys_buf, slots, ptr = state
-        if tables is not None:
-            hit = steps[ptr] == i
-            k, keep = where[ptr], hit
-            if off is not None:  # an offloaded slot's snapshot goes to its store
-                k = off.keep(k, body.snapshot(carry), i, hit)
-                keep = hit & (k >= 0)
-            slots = lax.cond(
-                keep, lambda s: _put(s, body.snapshot(carry), k), lambda s: list(s), slots
-            )
-            ptr = ptr + hit.astype(i32)
+    def one(i, state):
+        carry, ys_buf = state
         new, y = step(consts, carry, _slice(xs, i))
-        return new, _put(ys_buf, y, i) if ys else ys_buf, slots, ptr
+        return new, _put(ys_buf, y, i) if ys else ys_buf
 
-    if tables is not None:
-        steps = jnp.asarray(np.append(tables.store_steps, n).astype(np.int32))
-        where = jnp.asarray(np.append(tables.store_slots, 0).astype(np.int32))
-    state = (list(carry), ys_buf, list(slots) if tables is not None else [], i32(0))
     if n == 0:  # nothing to trace (a step would index an empty xs)
-        return list(carry), ys_buf, ([*state[2], *body.snapshot(carry)] if tables else [])
+        return list(carry), ys_buf, ([*slots, *body.snapshot(carry)] if tables else [])
     if tables is None:
-        carry, ys_buf, _, _ = lax.fori_loop(0, n, advance, state, unroll=unroll)
+        carry, ys_buf = lax.fori_loop(0, n, one, (list(carry), ys_buf), unroll=unroll)
         return carry, ys_buf, []
-    # The last step is taken apart: its state u_{N-1} is the reverse sweep's first.
-    state = lax.fori_loop(0, n - 1, advance, state, unroll=unroll)
+
+    def keep(k, i, carry, slots, hit=True):
+        """``slots`` with ``u_i`` (``carry``) in slot ``k`` if ``hit``; an offloaded slot's
+        snapshot goes to its store."""
+        snap = body.snapshot(carry)
+        if off is not None:
+            k = off.keep(k, snap, i, hit)
+            hit = hit & (k >= 0)
+        return lax.cond(hit, lambda s: _put(s, snap, k), lambda s: list(s), slots)
+
+    at_steps = np.asarray(tables.store_steps, np.int32)
+    at_slots = np.asarray(tables.store_slots, np.int32)
+    m = len(at_steps)
+    state = (list(carry), ys_buf)
+    nested = unroll == 1 and m * DENSE <= n
+    if nested:
+        steps, where = jnp.asarray(at_steps), jnp.asarray(at_slots)
+
+        def segment(q, st):  # advance to the q-th store point and store there
+            state, slots = st
+            p = steps[q]
+            state = lax.fori_loop(jnp.where(q > 0, steps[jnp.maximum(q - 1, 0)], 0), p, one,
+                                  state)
+            return state, keep(where[q], p, state[0], slots)
+
+        if m:
+            state, slots = lax.fori_loop(0, m, segment, (state, list(slots)))
+        start = int(at_steps[-1]) if m else 0
+        state = lax.fori_loop(start, n - 1, one, state)
+    else:
+        steps = jnp.asarray(np.append(at_steps, n).astype(np.int32))
+        where = jnp.asarray(np.append(at_slots, 0).astype(np.int32))
+
+        def advance(i, st):  # store u_i if it is a store point, then step
+            state, slots, ptr = st
+            hit = steps[ptr] == i
+            slots = keep(where[ptr], i, state[0], slots, hit)
+            return one(i, state), slots, ptr + hit.astype(i32)
+
+        # The last step is taken apart: its state u_{N-1} is the reverse sweep's first.
+        state, slots, _ = lax.fori_loop(0, n - 1, advance, (state, list(slots), i32(0)),
+                                        unroll=unroll)
+    if not nested and m and int(at_steps[-1]) == n - 1:  # u_{N-1} is stored as well
+        slots = keep(jnp.asarray(at_slots[-1]), n - 1, state[0], slots)
     last = body.snapshot(state[0])
-    carry, ys_buf, slots, _ = advance(n - 1, state)
+    carry, ys_buf = one(n - 1, state)
     return carry, ys_buf, [*slots, *last]
+
+
+# A forward sweep with at most one store per DENSE steps runs its steps between stores as inner
+# loops (see :func:`forward`).
+DENSE = 4
 
 
 # The Online rule's decisions are read off a table for this many steps (at most), computed once
