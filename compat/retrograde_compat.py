@@ -77,6 +77,17 @@ def _lax_substitute(name: str, schedule):
     loop = getattr(retrograde, name)
     if schedule is None:
         return loop
+    if name == "fori_loop" and not isinstance(schedule, retrograde.schedules.Online):
+        # Traced bounds run a while loop, whose step count is unknown: it takes only online
+        # schedules (an offline one is refused, naming the fix), so those calls get the default.
+        def fori_loop(lower, upper, body_fun, init_val, **kw):
+            import jax
+
+            traced = any(isinstance(b, jax.core.Tracer) for b in (lower, upper))
+            return loop(lower, upper, body_fun, init_val,
+                        **({} if traced else {"schedule": schedule}), **kw)
+
+        return fori_loop
     return functools.partial(loop, schedule=schedule)
 
 
