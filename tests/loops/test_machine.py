@@ -198,3 +198,19 @@ def test_split_largest_matches_python(s_max):
             costs = [j + revolve_optimum(n - j, s - 1) + revolve_optimum(j, s) for j in range(1, n)]
             best = min(costs)
             assert largest_split(n, s) == max(j for j, c in enumerate(costs, 1) if c == best)
+
+
+def test_beta_rows_beyond_the_table():
+    """Past ``TABLE_ROWS`` slots the binomials' rows have a closed form (no table of ``S``
+    rows): equal to the saturating table for every slot count up to 20000, and the largest
+    split with many slots equals the Python rule."""
+    s_max = 20_000
+    want = B.beta_table(s_max, 17).astype(np.int32)
+    got = jax.jit(jax.vmap(lambda s: B._beta_row(s, s_max, 17)))(jnp.arange(s_max + 1,
+                                                                            dtype=jnp.int32))
+    assert np.array_equal(np.asarray(got), want)
+    cases = [(n, s) for s in (1023, 1024, 1500, 5791, 5792, 14141) for n in
+             (s + 2, 3 * s, s * s // 2, 10**7)]
+    ns, ss = (jnp.asarray(v, jnp.int32) for v in zip(*cases))
+    got = jax.jit(jax.vmap(lambda n, s: B.largest_split(n, s, s_max)))(ns, ss)
+    assert np.asarray(got).tolist() == [largest_split(n, s) for n, s in cases]

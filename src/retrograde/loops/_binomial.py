@@ -10,8 +10,9 @@ The in-graph twins of :mod:`retrograde.schedules._optimum` and
 - :func:`optimum`: ``t(n, s) = r n - C(s + r, s + 1)``, elementwise.
 
 Slot counts are static wherever the callers know them, so each of these reads a trace-time table
-of binomials (:func:`beta_table`, depth :func:`table_depth`) with one comparison per entry, and
-falls back to a loop over the repetition number only for segments that outgrow the table.
+of binomials (:func:`beta_table`, depth :func:`table_depth`; at most ``TABLE_ROWS + 1`` rows, the
+rows of more slots have a closed form) with one comparison per entry, and falls back to a loop
+over the repetition number only for segments that outgrow the table.
 """
 
 from __future__ import annotations
@@ -70,6 +71,28 @@ def table_depth(s_max: int) -> int:
     return 16 if s_max >= 8 else 48
 
 
+# Table rows are kept for slot counts up to TABLE_ROWS; beyond, beta(s, q) saturates from q = 3
+# on (beta(1024, 3) = C(1027, 3) > CAP), so the row has a closed form.
+TABLE_ROWS = 1023
+# The largest s with beta(s, 2) = C(s + 2, 2) below CAP.
+_BETA2_EXACT = 5791
+
+
+def _beta_row(s, s_max: int, q_max: int):
+    """``beta(s, q)`` for ``q = 0 .. q_max >= 2`` (int32[q_max + 1]) for a traced
+    ``0 <= s <= s_max``, as :func:`beta_table` has it: read off a table of at most
+    ``TABLE_ROWS + 1`` rows, so nothing here grows with the slot count beyond that."""
+    top = min(s_max, TABLE_ROWS)
+    table = jnp.asarray(beta_table(top, q_max).astype(np.int32))
+    row = lax.dynamic_index_in_dim(table, jnp.clip(s, 0, top), 0, keepdims=False)
+    if s_max <= TABLE_ROWS:
+        return row
+    c = jnp.minimum(s, _BETA2_EXACT)
+    beta2 = jnp.where(s > _BETA2_EXACT, CAP, (c + 1) * (c + 2) // 2)
+    big = jnp.concatenate([jnp.stack([i32(1), s + 1, beta2]), jnp.full((q_max - 2,), CAP, i32)])
+    return jnp.where(s > TABLE_ROWS, big, row)
+
+
 def largest_split(n, s, s_max: int):
     """The largest optimal first split ``j`` of a segment of ``n > s + 1`` steps with ``s >= 2``
     slots (the Revolve cost ``j + t(n - j, s - 1) + t(j, s)`` is flat over a range of ``j``;
@@ -82,9 +105,7 @@ def largest_split(n, s, s_max: int):
     ``s_max`` (static, ``s <= s_max``) sizes a trace-time table of binomials; a loop over the
     repetition number runs only for segments that outgrow it."""
     q_max = table_depth(s_max)
-    table = jnp.asarray(beta_table(s_max, q_max + 1).astype(np.int32))
-    row = lax.dynamic_index_in_dim(table, jnp.clip(s, 0, s_max), 0, keepdims=False)
-    row1 = lax.dynamic_index_in_dim(table, jnp.clip(s - 1, 0, s_max), 0, keepdims=False)
+    row, row1 = _beta_row(s, s_max, q_max + 1), _beta_row(s - 1, s_max, q_max + 1)
     r = jnp.sum(row[: q_max + 1] < n, dtype=i32)
 
     def at(v, q):  # beta(., q) off a table row, 0 for q < 0
