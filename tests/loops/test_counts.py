@@ -11,10 +11,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import retrograde
 from retrograde import schedules as rs
+from retrograde.loops import _tables
 
 N = 20
 CALLS: list[int] = []
@@ -78,3 +80,21 @@ def test_zero_and_one_step():
     for n in (0, 1):
         grad = jax.jit(jax.grad(functools.partial(_loss, rs.Revolve(2), n)))
         assert _count(grad, *ARGS) == rs.simulate(rs.Revolve(2), n).plain + (n > 0) + n
+
+
+@pytest.mark.parametrize("schedule", [rs.Revolve(2), rs.Revolve(5), rs.StoreAll()], ids=repr)
+def test_machine_when_rows_are_too_many(schedule, monkeypatch):
+    """A reversal of more than ``ROW_LIMIT`` macro-actions runs the in-graph machine instead of
+    reading a table of them: the same evaluations and the same gradient."""
+    grad = jax.grad(functools.partial(_loss, schedule, N), argnums=(0, 1))
+    with_rows = jax.jit(grad)(*ARGS)
+    monkeypatch.setattr(_tables, "ROW_LIMIT", 0)
+    _tables.tables_for.cache_clear()
+    try:
+        assert _tables.tables_for(schedule, N).rows is None
+        fresh = jax.jit(lambda *a: grad(*a))
+        assert _count(fresh, *ARGS) == rs.simulate(schedule, N).plain + 1 + N
+        for a, b in zip(fresh(*ARGS), with_rows):
+            np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13)
+    finally:
+        _tables.tables_for.cache_clear()

@@ -17,11 +17,13 @@ import pytest
 from retrograde.loops import _machine as M
 from retrograde.loops import _binomial as B
 from retrograde.loops._binomial import COST_CAP, _optimum_table, optimum
+from retrograde.loops._execute import _RowSource
 from retrograde.loops._placement import store_slot
+from retrograde.loops._tables import tables_for
 from retrograde.schedules import (
     largest_split, online_decisions, online_store_slot,
     Advance, End, Free, Level, Online, Periodic, RecomputeAll, Record, Restore, Revolve,
-    StoreAll, Store, execute, revolve_optimum, simulate,
+    StoreAll, Store, default_schedule, execute, revolve_optimum, simulate,
 )
 
 CAPACITY = 3000
@@ -210,7 +212,42 @@ def test_beta_rows_beyond_the_table():
                                                                             dtype=jnp.int32))
     assert np.array_equal(np.asarray(got), want)
     cases = [(n, s) for s in (1023, 1024, 1500, 5791, 5792, 14141) for n in
-             (s + 2, 3 * s, s * s // 2, 10**7)]
+             (s + 2, 3 * s, min(s * s // 2, B.CAP - 1), 10**7)]
     ns, ss = (jnp.asarray(v, jnp.int32) for v in zip(*cases))
-    got = jax.jit(jax.vmap(lambda n, s: B.largest_split(n, s, s_max)))(ns, ss)
+    # lax.map, not vmap: under vmap the split's conditional runs both branches, and its loop
+    # fallback is only for segments that outgrow the table (never with this many slots).
+    got = jax.jit(lambda ns, ss: jax.lax.map(lambda a: B.largest_split(*a, s_max), (ns, ss)))(
+        ns, ss)
     assert np.asarray(got).tolist() == [largest_split(n, s) for n, s in cases]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES + [Revolve(44)], ids=repr)
+def test_row_tables_are_the_machines_actions(schedule):
+    """The Python twin that writes the machine's macro-actions into a table when tracing (for
+    reversals of at most ``ROW_LIMIT`` of them) emits exactly the machine's actions, and its
+    leaves keep their states in the machine's slots (every slot a leaf reads)."""
+    for n in (2, 7, 57, 1000):
+        tables = tables_for(schedule, n)
+        assert tables.rows is not None, (schedule, n)
+        steps, slots, count = tables.held
+        acts, idxs, k = (np.asarray(v) for v in _run(tables.n_slots, jnp.asarray(steps),
+                                                     jnp.asarray(slots), count, n, True))
+        assert acts[k - 1, 0] == M.DONE
+        k = int(k) - 1
+        assert tables.rows.tolist() == acts[:k].tolist(), (schedule, n)
+        source = _RowSource(tables)
+        got = np.asarray(jax.vmap(source.leaf_slots)(jnp.arange(1, k + 1)))
+        for row, mine, theirs in zip(acts[:k], got, idxs[:k]):
+            if row[0] == M.LEAF:
+                read = row[3] - row[2] - row[6]  # the last state of a fresh leaf is at hand
+                assert mine[:read].tolist() == theirs[:read].tolist(), (schedule, n, row)
+
+
+def test_long_reversals_run_the_machine():
+    """Past ``ROW_LIMIT`` macro-actions the tables hold no rows (the compiled loop runs the
+    machine); the default schedule's rows stay ``O(S)`` at ``N = 10**8``."""
+    assert tables_for(Revolve(3), 20_000).rows is None
+    with pytest.raises(ValueError, match="at most 16777215 steps"):
+        tables_for(Revolve(3), B.CAP)
+    big = tables_for(default_schedule(10**8), 10**8)
+    assert big.rows is not None and len(big.rows) < 2 * big.n_slots

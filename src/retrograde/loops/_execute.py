@@ -404,11 +404,17 @@ class _Binomial:
 
 
 class _RowSource:
-    """Macro-actions read off a table of rows (each leaf records one step, at hand)."""
+    """Macro-actions read off a table of rows: the machine's own (with where its leaves keep
+    their states, see :class:`._tables.Tables`), or translated from a schedule's actions (each
+    leaf records one step, at hand)."""
 
-    def __init__(self, rows, n_slots):
-        self.rows = jnp.asarray(rows, i32)
-        self.n_slots = n_slots
+    def __init__(self, tables: Tables):
+        self.rows = jnp.asarray(tables.rows, i32)
+        self.n_slots = tables.n_slots
+        self.order = self.leaves = None
+        if tables.leaves is not None:
+            self.order = jnp.asarray(tables.free_order, i32)
+            self.leaves = jnp.asarray(tables.leaves, i32)
         self.state = i32(0)
 
     def step(self, ptr):
@@ -420,7 +426,14 @@ class _RowSource:
         return ptr + 1, machine.Action(*jnp.where(ptr < self.rows.shape[0], row, done))
 
     def leaf_slots(self, ptr):
-        return jnp.zeros((self.n_slots + 1,), i32)
+        """int32[S + 1]: the slot of each state of the leaf in row ``ptr - 1``."""
+        i = jnp.arange(self.n_slots + 1, dtype=i32)
+        if self.leaves is None:
+            return jnp.zeros_like(i)
+        own, f = self.leaves[jnp.clip(ptr - 1, 0, self.leaves.shape[0] - 1)]
+        top = self.order.shape[0] - 1
+        return jnp.where(own < 0, self.order[jnp.clip(i, 0, top)],
+                         jnp.where(i == 0, own, self.order[jnp.clip(f - i, 0, top)]))
 
 
 def _reverse(steps: _Steps, source, cur, slots, kbar, cbar, xbar):
@@ -462,7 +475,7 @@ def _cotangent_init(body, consts, xs, keep=None):
 
 def _source(tables: Tables):
     if tables.rows is not None:
-        return _RowSource(tables.rows, tables.n_slots)
+        return _RowSource(tables)
     steps, slots, count = tables.held
     return _Binomial(tables.n_slots, jnp.asarray(steps), jnp.asarray(slots), count, tables.length,
                      at_hand=True)

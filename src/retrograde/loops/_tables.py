@@ -4,8 +4,11 @@ A :class:`Tables` holds the forward sweep's store points and, for the reverse sw
 (schedules whose reversal is the binomial one between those stores,
 :meth:`~retrograde.schedules.OfflineSchedule.binomial_stores`: the in-graph machine of
 :mod:`._machine` generates it, so the tables have ``O(stores)`` integers and are built without
-enumerating the schedule's actions), or a table of the machine's macro-actions translated from
-the schedule's action stream (any other offline schedule, e.g. ``MultiLevel``): one row per
+enumerating the schedule's actions), or a table of the machine's macro-actions: for a binomial
+reversal of at most ``ROW_LIMIT`` macro-actions, the machine's own, generated in Python when
+tracing (so the compiled loop reads a row per macro-action instead of running the machine, whose
+few dozen scalar kernels cost more than a small step); for any other
+offline schedule (e.g. ``MultiLevel``), translated from the schedule's action stream, one row per
 restore, advance, store and record, which costs ``O(actions)`` to build.
 
 Slots of all storage levels are numbered consecutively, those in device memory first; the
@@ -21,6 +24,8 @@ import functools
 import numpy as np
 
 from ..schedules import Advance, Executor, OfflineSchedule, Record, Restore, Schedule, Store
+from ..schedules import largest_split as _largest_split
+from ._binomial import CAP
 from ._machine import LEAF, MOVE
 from ._offload import Layout, offloaded
 
@@ -37,6 +42,12 @@ class Tables:
             machine's actions (fields of :class:`._machine.Action`).
         offload: ``None`` if every slot is a device slot; else where each slot lives: slot
             numbers ``n_slots`` and above (in ``store_slots`` and ``rows``) are offloaded.
+        free_order, leaves: with ``rows`` from the machine, where its leaves keep their
+            states (``None`` for rows whose leaves record one step at hand): the free slots
+            are always a prefix of ``free_order``, and per row ``(own, f)`` says that the
+            leaf's state ``u_{start + i}`` is in slot ``own`` for ``i = 0`` and
+            ``free_order[f - i]`` after (the free slots, last first), or in
+            ``free_order[i]`` if ``own < 0`` (the trailing leaf, over held steps).
     """
 
     length: int
@@ -45,6 +56,8 @@ class Tables:
     store_slots: np.ndarray
     rows: np.ndarray | None
     offload: Layout | None = None
+    free_order: np.ndarray | None = None
+    leaves: np.ndarray | None = None
 
     @property
     def held(self):
@@ -79,8 +92,99 @@ def tables_for(schedule: OfflineSchedule, length: int) -> Tables:
         # More slots than N - 1 are never used by a binomial reversal.
         n_slots = max(1, len(stores), min(schedule.max_slots(length)[0], length - 1))
         steps = np.asarray(stores, np.int32)
-        return Tables(length, n_slots, steps, np.arange(len(steps), dtype=np.int32), None)
+        tables = Tables(length, n_slots, steps, np.arange(len(steps), dtype=np.int32), None)
+        rows = _machine_rows(tables)
+        if rows is None:
+            if length >= CAP:
+                raise ValueError(
+                    f"{schedule!r} over {length} steps: its reversal has more than {ROW_LIMIT} "
+                    f"macro-actions, so it runs the in-graph machine, whose int32 binomials "
+                    f"allow at most {CAP - 1} steps. Use the default schedule (its reversal is "
+                    "read off a table) or more snapshots."
+                )
+            return tables
+        return dataclasses.replace(tables, rows=rows[0], free_order=rows[1], leaves=rows[2])
     return _row_tables(schedule, length)
+
+
+# A binomial reversal of at most this many macro-actions is read off a table; a longer one runs
+# the in-graph machine.
+ROW_LIMIT = 1 << 14
+
+
+def _machine_rows(tables: Tables):
+    """``(rows, free_order, leaves)``: the macro-actions the machine (:mod:`._machine`) emits
+    after the forward sweep of ``tables``, generated here in Python (its twin, tested equal;
+    ``O(rows + S)`` time and memory), or ``None`` past ``ROW_LIMIT`` rows. See :class:`Tables`
+    for the leaves' slots."""
+    n, s = tables.length, tables.n_slots
+    if n < 2:
+        return None
+    p = [int(v) for v in tables.store_steps]  # held in slots 0, 1, ...
+    m = len(p)
+    # The trailing leaf: u_{N-1} at hand and the held steps just below it, one per slot.
+    tail = sum(1 for i, q in enumerate(p) if q - i == n - 1 - m)
+    n_seg = m - tail
+    last_end = n - tail - 1
+    # Slots are taken from the top of the free list and given back in reverse order, and the
+    # segments' slots are released last first: so the free list is always a prefix of this.
+    order = list(range(n_seg, s)) + list(range(n_seg - 1, 0, -1))
+    free = order[: s - n_seg]
+    # The task stack: (segment start, end, slot) and slot releases, the last segment on top.
+    stack: list[tuple] = []
+    for i in range(n_seg):
+        if i:
+            stack.append(("free", i))
+        stack.append((p[i], p[i + 1] if i + 1 < n_seg else last_end, i))
+    rows: list[tuple[int, ...]] = []
+    leaves: list[tuple[int, int]] = []
+
+    def emit(row, own=0):
+        if len(rows) >= ROW_LIMIT:
+            raise OverflowError
+        rows.append(row)
+        leaves.append((own, len(free)))
+
+    try:
+        emit((LEAF, -1, last_end, n, n - 1, -1, 1), own=-1)
+        while stack:
+            if stack[-1][0] == "free":
+                free.append(stack.pop()[1])
+            a, b, slot_a = stack.pop()
+            _reverse_task(a, b, slot_a, free, stack, emit)
+    except OverflowError:
+        return None
+    return (np.asarray(rows, np.int32).reshape(-1, 7), np.asarray(order or [0], np.int32),
+            np.asarray(leaves, np.int32).reshape(-1, 2))
+
+
+def _reverse_task(a, b, slot_a, free, stack, emit):
+    """Emit the machine's actions for one task: reverse ``[a, b)`` from its slot ``slot_a`` with
+    the free slots (pushing the left parts of splits and their slot releases)."""
+    at_hand = False
+    while True:
+        n, s = b - a, len(free) + 1
+        restore = -1 if at_hand else slot_a
+        if n <= s + 1:  # a leaf: every state stored, in its own slot then free ones
+            emit((LEAF, -1 if n == 1 else restore, a, b, a, -1, int(n > 1 or at_hand)), slot_a)
+            return
+        if s == 1:  # one slot: for k = b - 1 down to a, restore, advance to k, record k
+            for k in range(b - 1, a - 1, -1):
+                emit((MOVE, restore, a, k, 0, -1, 0))
+                emit((LEAF, -1, k, k + 1, k, -1, 1), slot_a)
+                restore = slot_a
+            return
+        m = a + _largest_split(n, s)
+        if m == b - 1:  # the right part is one step: advance and record it
+            emit((MOVE, restore, a, m, 0, -1, 0))
+            emit((LEAF, -1, m, m + 1, m, -1, 1), slot_a)
+            b, at_hand = m, False
+            continue
+        new = free.pop()
+        emit((MOVE, restore, a, m, 0, new, 0))
+        stack.append((a, m, slot_a))
+        stack.append(("free", new))
+        a, slot_a, at_hand = m, new, True
 
 
 def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
