@@ -6,7 +6,8 @@ this). Options:
 - ``--retrograde-substitute=scan|fori_loop|while_loop``: ``jax.lax.<name>`` becomes
   ``retrograde.<name>`` with the schedule ``--retrograde-schedule`` (``revolve2``,
   ``storeall``, ``recomputeall``, ``online2`` or ``default``: none passed). Every other
-  argument is passed through unchanged.
+  argument is passed through unchanged. A ``fori_loop`` with traced bounds runs a while loop,
+  which takes only online schedules: under an offline one it gets the default.
 - ``--retrograde-substitute=diffrax``: ``diffrax.diffeqsolve`` called without ``adjoint=``, or
   with ``adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints=k)`` (the default adjoint), gets
   ``retrograde.diffrax.CheckpointAdjoint()`` (``CheckpointAdjoint(Online(k))`` for a given
