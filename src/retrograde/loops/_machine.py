@@ -162,26 +162,11 @@ def step(st):
     regs = _select(popping, popped, r)
     free = _write(free, r["fp"], top[3], popping & top_frees)
 
-    # Only the phase's own branch runs (a conditional: the others' scalar kernels are skipped).
-    def only(f):
-        def branch(regs, free):
-            new, action = f(regs)
-            return _pack(new)["regs"], action, jnp.asarray(False)
-        return branch
-
-    def task(regs, free):
-        (new, action), splits = _task(regs, free)
-        return _pack(new)["regs"], action, splits
-
-    def finished(regs, free):
-        return _pack(dict(regs, phase=i32(P_DONE)))["regs"], _action(DONE), jnp.asarray(False)
-
-    branches = [finished] * (P_DONE + 1)
-    branches[P_TRAIL], branches[P_TASK] = only(_trail), task
-    branches[P_S1], branches[P_LAST] = only(_s1), only(_last)
-    packed, action, splits = lax.switch(jnp.clip(regs["phase"], 0, P_DONE), branches, regs,
-                                        free)
-    new = _unpack({"regs": packed})
+    task_out, splits = _task(regs, free)
+    new, action = dict(regs, phase=i32(P_DONE)), _action(DONE)
+    for k, out in ((P_TRAIL, _trail(regs)), (P_TASK, task_out), (P_S1, _s1(regs)),
+                   (P_LAST, _last(regs))):
+        new, action = _select(regs["phase"] == k, out, (new, action))
     # A split pushes its left part and the release of the right part's slot.
     pushed = (regs["phase"] == P_TASK) & splits
     stack = _write(stack, regs["sp"] + 1,
