@@ -440,29 +440,33 @@ def _reverse(steps: _Steps, source, cur, slots, kbar, cbar, xbar):
     """Execute the macro-actions of ``source`` from the state ``cur`` and snapshot rows
     ``slots``. One iteration per leaf: the moves before it (the cotangents are not operands),
     then the leaf, whose records run unconditionally (a conditional's untaken branch would copy
-    the cotangents)."""
+    the cotangents). The pending action travels packed in one int32[7] (its fields as loop
+    state would be seven scalars, each copied per iteration)."""
+
+    def next_action(m):
+        m, act = source.step(m)
+        return m, jnp.stack(act)
 
     def moving(c):
-        return c[1].kind == machine.MOVE
+        return c[1][0] == machine.MOVE
 
     def move(c):
         m, act, cur, slots = c
-        cur, slots = steps.move(act, cur, slots)
-        m, act = source.step(m)
-        return m, act, cur, slots
+        cur, slots = steps.move(machine.Action(*act), cur, slots)
+        return (*next_action(m), cur, slots)
 
     def one_leaf(c):
         m, act, cur, slots, kbar, cbar, xbar = c
         m, act, cur, slots = lax.while_loop(moving, move, (m, act, cur, slots))
+        act = machine.Action(*act)
         idx = source.leaf_slots(m)
         cur, slots = steps.leaf_forward(act, idx, cur, slots)
         kbar, cbar, xbar = steps.leaf_records(act, idx, cur, slots, kbar, cbar, xbar)
-        m, act = source.step(m)
-        return m, act, cur, slots, kbar, cbar, xbar
+        return (*next_action(m), cur, slots, kbar, cbar, xbar)
 
-    m, act = source.step(source.state)
+    m, act = next_action(source.state)
     state = (m, act, list(cur), list(slots), list(kbar), cbar, xbar)
-    state = lax.while_loop(lambda c: c[1].kind != machine.DONE, one_leaf, state)
+    state = lax.while_loop(lambda c: c[1][0] != machine.DONE, one_leaf, state)
     return state[4], state[5], state[6]
 
 
