@@ -212,53 +212,78 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
     limit = jnp.iinfo(jnp.int32).max if max_steps is None else max_steps
     step = body.runner(bool(axes))
 
-    def go(state):
-        n, carry, _, _ = state
+    def go(n, carry):
         _, (ok,) = cond.runner(False)(consts, [], carry)
         return any_over(ok, axes) & (n < limit)
 
-    def run(place, go, state):
-        def one(state):
-            n, carry, slots, held = state
-            if place is not None:
-                slots, held = place(n, body.snapshot(carry), slots, held)
-            carry, _ = step(consts, carry, [])
-            return n + 1, carry, slots, held
+    def run(phases, state):
+        """Run the loop from ``state``, in phases ``[(place, stop), ...]``: the steps ``n <
+        stop`` (``None``: the rest) store by ``place`` (``None``: nothing), each phase its own
+        loop. The predicate's value travels in the loop state, so it is evaluated once per state
+        however many phases there are."""
 
-        return lax.while_loop(go, one, state)
+        def one(place):
+            def one(state):
+                n, carry, slots, held, _ = state
+                if place is not None:
+                    slots, held = place(n, body.snapshot(carry), slots, held)
+                carry, _ = step(consts, carry, [])
+                return n + 1, carry, slots, held, go(n + 1, carry)
+
+            return one
+
+        state = (*state, go(state[0], state[1]))
+        for place, stop in phases:
+            more = (lambda s: s[4]) if stop is None else (lambda s, stop=stop: s[4] & (s[0] < stop))
+            state = lax.while_loop(more, one(place), state)
+        return state[:4]
 
     state = (i32(0), list(carry), slots, held)
     if not save:
-        n, carry, _, _ = run(None, go, state)
+        n, carry, _, _ = run([(None, None)], state)
         return carry, n, [], held
     if layout is not None:  # Online(s, slow=...): thinning on the offloaded slots
         off = Offload.open(layout, n_device=0)
-        n, carry, _, held = run(lambda *a: _place_thinned(*a, off=off), go, state)
+        n, carry, _, held = run([(lambda *a: _place_thinned(*a, off=off), None)], state)
         return carry, n, [off.handle, *tags_of(body.snapshot(carry))], held
-    place = _placement(n_slots, max_steps)
-    n, carry, slots, held = run(place, go, state)
+    n, carry, slots, held = run(_placement(n_slots, max_steps), state)
     return carry, n, slots, held
 
 
 def _placement(n_slots: int, max_steps):
-    """Store ``u_n`` where the ``Online`` rule puts it: read off a table of its decisions for
-    the first steps, and evaluated beyond the table (only in a loop that may run that long)."""
+    """Where the ``Online`` rule stores ``u_n``, as phases ``[(place, stop), ...]``: the steps
+    ``n < stop`` (``None``: all the rest) take ``place(n, snap, slots, held)``. The first
+    ``m`` decisions are read off a table; steps beyond it (only in a loop that may run that
+    long) evaluate the rule. Each phase runs as its own loop, so a step of the first tests
+    nothing but its table entry."""
     table = _decisions(n_slots, max_steps)
     m = table.shape[0]
 
-    def place(n, snap, slots, held):
-        k = table[jnp.minimum(n, m - 1)]
-        if max_steps is None or max_steps > m:
-            k = lax.cond(n < m, lambda h: k, lambda h: store_slot(n, h, n_slots), held)
-        return _stored(n, k, snap, slots, held)
+    def from_table(n, snap, slots, held):
+        return _stored(n, table[jnp.minimum(n, m - 1)], snap, slots, held)
 
-    return place
+    def by_rule(n, snap, slots, held):
+        return _stored(n, store_slot(n, held, n_slots), snap, slots, held)
+
+    if max_steps is None or max_steps > m:
+        return [(from_table, m), (by_rule, None)]
+    return [(from_table, None)]
 
 
 def _stored(n, k, snap, slots, held, off=None):
-    """``u_n`` in slot ``k`` (nothing if ``k < 0``); with ``off``, in its store."""
-    held = jnp.where(k >= 0, held.at[jnp.maximum(k, 0)].set(n), held)
-    return _store(slots, k, snap, off, n), held
+    """``u_n`` in slot ``k`` (nothing if ``k < 0``), as a conditional: in a step's loop body it
+    is one kernel, where a select would add a read of the slot (XLA's CPU runtime runs a body of
+    more than 8 kernels on its thread pool, which costs more than a small step). With ``off``,
+    in its store."""
+    if off is not None:
+        held = jnp.where(k >= 0, held.at[jnp.maximum(k, 0)].set(n), held)
+        return _store(slots, k, snap, off, n), held
+
+    def put(st):
+        slots, held = st
+        return _put(slots, snap, k), held.at[k].set(n)
+
+    return lax.cond(k >= 0, put, lambda st: (list(st[0]), st[1]), (list(slots), held))
 
 
 def _place_thinned(n, snap, slots, held, off):
@@ -587,7 +612,11 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
         state = (body.snapshot(carry0),
                  _zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
                  jnp.full((n_slots,), -1, i32))
-        state = lax.fori_loop(0, n_steps, replay(_placement(n_slots, max_steps)), state)
+        start = 0
+        for place, stop in _placement(n_slots, max_steps):
+            end = n_steps if stop is None else jnp.minimum(n_steps, stop)
+            state = lax.fori_loop(start, end, replay(place), state)
+            start = end
         return sweep(state[1], state[2])
 
     def zero():
