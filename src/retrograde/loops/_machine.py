@@ -170,9 +170,9 @@ def step(st):
     # A split pushes its left part and the release of the right part's slot.
     pushed = (regs["phase"] == P_TASK) & splits
     stack = _write(stack, regs["sp"] + 1,
-                   jnp.stack([i32(T_SEGMENT), regs["a"], action.stop, regs["slot_a"]]), pushed)
-    stack = _write(stack, regs["sp"] + 2,
-                   jnp.stack([i32(T_FREE), action.stop, action.stop, action.store]), pushed)
+                   jnp.stack([jnp.stack([i32(T_SEGMENT), regs["a"], action.stop, regs["slot_a"]]),
+                              jnp.stack([i32(T_FREE), action.stop, action.stop, action.store])]),
+                   pushed)
     return _pack(new, stack=stack, free=free, held=st["held"]), action
 
 
@@ -248,7 +248,13 @@ def _take(x, i):
 
 
 def _write(x, i, v, pred):
-    """``x`` with ``x[i] = v`` where ``pred`` (``i`` clamped; in place, no copy of ``x``)."""
+    """``x`` with ``x[i] = v`` where ``pred`` (``i`` clamped; in place, no copy of ``x``). ``v``
+    may also be a block of rows ``x[i : i + len(v)]``: one write, where two chained writes would
+    make XLA copy ``x``."""
+    if v.ndim == x.ndim:
+        i = jnp.clip(i, 0, x.shape[0] - v.shape[0])
+        old = lax.dynamic_slice_in_dim(x, i, v.shape[0], 0)
+        return lax.dynamic_update_slice_in_dim(x, jnp.where(pred, v, old), i, 0)
     i = jnp.clip(i, 0, x.shape[0] - 1)
     old = lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
     return lax.dynamic_update_index_in_dim(x, jnp.where(pred, v, old), i, 0)
