@@ -73,6 +73,7 @@ def _counted(fun):
 
 
 def _lax_substitute(name: str, schedule):
+    import jax
     import retrograde
 
     loop = getattr(retrograde, name)
@@ -82,8 +83,6 @@ def _lax_substitute(name: str, schedule):
         # Traced bounds run a while loop, whose step count is unknown: it takes only online
         # schedules (an offline one is refused, naming the fix), so those calls get the default.
         def fori_loop(lower, upper, body_fun, init_val, **kw):
-            import jax
-
             traced = any(isinstance(b, jax.core.Tracer) for b in (lower, upper))
             return loop(lower, upper, body_fun, init_val,
                         **({} if traced else {"schedule": schedule}), **kw)
