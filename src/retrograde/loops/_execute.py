@@ -470,7 +470,7 @@ def _reverse(steps: _Steps, source, cur, slots, kbar, cbar, xbar):
 
     def next_action(m):
         m, act = source.step(m)
-        return m, jnp.stack(act)
+        return m, machine.vector(act)
 
     def moving(c):
         return c[1][0] == machine.MOVE

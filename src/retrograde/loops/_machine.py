@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax, tree_util
 
 from ._binomial import largest_split
@@ -109,9 +110,17 @@ def init(n_slots: int, steps, slots, n_held, n_steps, at_hand: bool):
     return _pack(regs, stack=stack, free=free, held=slots)
 
 
+def vector(values, shape=None):
+    """int32 scalars as one vector (reshaped to ``shape``), built as a chain of selects on an
+    index: XLA fuses that into one kernel, where ``jnp.stack`` compiles to a kernel per scalar
+    and a concatenation (each a thunk of the loop body it runs in)."""
+    unit = np.eye(len(values), dtype=np.int32)  # constants: nothing for XLA to hoist
+    out = sum(jnp.asarray(v).astype(i32) * unit[k] for k, v in enumerate(values))
+    return out if shape is None else out.reshape(shape)
+
+
 def _pack(regs, **arrays):
-    packed = jnp.stack([jnp.asarray(regs[k]).astype(i32) for k in REGISTERS])
-    return dict(arrays, regs=packed)
+    return dict(arrays, regs=vector([regs[k] for k in REGISTERS]))
 
 
 def _unpack(st):
@@ -170,8 +179,8 @@ def step(st):
     # A split pushes its left part and the release of the right part's slot.
     pushed = (regs["phase"] == P_TASK) & splits
     stack = _write(stack, regs["sp"] + 1,
-                   jnp.stack([jnp.stack([i32(T_SEGMENT), regs["a"], action.stop, regs["slot_a"]]),
-                              jnp.stack([i32(T_FREE), action.stop, action.stop, action.store])]),
+                   vector([T_SEGMENT, regs["a"], action.stop, regs["slot_a"],
+                           T_FREE, action.stop, action.stop, action.store], (2, 4)),
                    pushed)
     return _pack(new, stack=stack, free=free, held=st["held"]), action
 
