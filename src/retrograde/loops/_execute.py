@@ -62,6 +62,14 @@ def _store(slots, k, values, off: Offload | None = None, step=None):
     return _put(slots, [jnp.where(k >= 0, v, o) for v, o in zip(values, old)], j)
 
 
+def _put_if(pred, buffers, values, k):
+    """``buffers`` with ``values`` in row ``k`` if ``pred``, as a conditional: in a step's loop
+    body that is one kernel, where a select (as in :func:`_store`) adds a read of the row (XLA's
+    CPU runtime runs a body of more than 8 kernels on its thread pool, which costs more than a
+    small step). Done in place."""
+    return lax.cond(pred, lambda b: _put(b, values, k), lambda b: list(b), list(buffers))
+
+
 def _zeros(avals, lead=()):
     return [jnp.zeros(lead + tuple(a.shape), a.dtype) for a in avals]
 
@@ -141,7 +149,7 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
         if off is not None:
             k = off.keep(k, snap, i, hit)
             hit = hit & (k >= 0)
-        return lax.cond(hit, lambda s: _put(s, snap, k), lambda s: list(s), slots)
+        return _put_if(hit, slots, snap, k)
 
     at_steps = np.asarray(tables.store_steps, np.int32)
     at_slots = np.asarray(tables.store_slots, np.int32)
@@ -271,19 +279,13 @@ def _placement(n_slots: int, max_steps):
 
 
 def _stored(n, k, snap, slots, held, off=None):
-    """``u_n`` in slot ``k`` (nothing if ``k < 0``), as a conditional: in a step's loop body it
-    is one kernel, where a select would add a read of the slot (XLA's CPU runtime runs a body of
-    more than 8 kernels on its thread pool, which costs more than a small step). With ``off``,
-    in its store."""
+    """``u_n`` in slot ``k`` (nothing if ``k < 0``) and ``n`` in ``held[k]``; with ``off``, in its
+    store."""
     if off is not None:
         held = jnp.where(k >= 0, held.at[jnp.maximum(k, 0)].set(n), held)
         return _store(slots, k, snap, off, n), held
-
-    def put(st):
-        slots, held = st
-        return _put(slots, snap, k), held.at[k].set(n)
-
-    return lax.cond(k >= 0, put, lambda st: (list(st[0]), st[1]), (list(slots), held))
+    *slots, held = _put_if(k >= 0, [*slots, held], [*snap, n], k)
+    return slots, held
 
 
 def _place_thinned(n, snap, slots, held, off):
