@@ -7,7 +7,7 @@ A :class:`Tables` holds the forward sweep's store points and, for the reverse sw
 enumerating the schedule's actions), or a table of the machine's macro-actions: for a binomial
 reversal of at most ``ROW_LIMIT`` macro-actions, the machine's own, generated in Python when
 tracing (so the compiled loop reads a row per macro-action instead of running the machine, whose
-few dozen scalar kernels cost more than a small step); for any other
+twenty-odd scalar kernels cost more than a small step); for any other
 offline schedule (e.g. ``MultiLevel``), translated from the schedule's action stream, one row per
 restore, advance, store and record, which costs ``O(actions)`` to build.
 
