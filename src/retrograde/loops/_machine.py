@@ -111,9 +111,9 @@ def init(n_slots: int, steps, slots, n_held, n_steps, at_hand: bool):
 
 
 def vector(values, shape=None):
-    """int32 scalars as one vector (reshaped to ``shape``), built as a chain of selects on an
-    index: XLA fuses that into one kernel, where ``jnp.stack`` compiles to a kernel per scalar
-    and a concatenation (each a thunk of the loop body it runs in)."""
+    """int32 scalars as one vector (reshaped to ``shape``), built as a sum of the scalars times
+    unit vectors: XLA fuses that into one kernel, where ``jnp.stack`` compiles to a kernel per
+    scalar and a concatenation (each a thunk of the loop body it runs in)."""
     unit = np.eye(len(values), dtype=np.int32)  # constants: nothing for XLA to hoist
     out = sum(jnp.asarray(v).astype(i32) * unit[k] for k, v in enumerate(values))
     return out if shape is None else out.reshape(shape)
