@@ -13,10 +13,12 @@ this). Options:
   ``retrograde.diffrax.CheckpointAdjoint()`` (``CheckpointAdjoint(Online(k))`` for a given
   ``k``) instead.
 - ``--retrograde-only=PATH``: run only the tests whose node ids the file lists (one a line).
-- ``--retrograde-report=PATH``: JSON lines appended, one record per test (``nodeid``, ``outcome``,
-  ``exercised``: the number of calls of the substitute the test made (solves given
-  ``CheckpointAdjoint``), ``message``: the
-  exception's last line for a failure).
+- ``--retrograde-skip=PATH``: leave out the tests whose node ids the file lists (``run.py``
+  resumes a file after a test that crashed the process this way).
+- ``--retrograde-report=PATH``: JSON lines appended: a ``start`` record when a test starts (so
+  a test that crashes the process can be named), then its reports (``nodeid``, ``when``,
+  ``outcome``, ``exercised``: the number of calls of the substitute the test made (solves given
+  ``CheckpointAdjoint``), ``message``: the exception's last line for a failure).
 
 The substitution happens in ``pytest_configure``: after jaxtyping's import hook is installed
 (diffrax's suite type-checks diffrax at runtime, so diffrax must be imported after the hook) and
@@ -36,6 +38,7 @@ SUBSTITUTES = ("scan", "fori_loop", "while_loop", "diffrax")
 SCHEDULES = ("default", "revolve2", "storeall", "recomputeall", "online2")
 
 _calls = [0]
+_report = [None]  # the --retrograde-report path
 
 
 def pytest_addoption(parser):
@@ -48,6 +51,8 @@ def pytest_addoption(parser):
                     help="write one JSON record per test to this path")
     group.addoption("--retrograde-only", default=None,
                     help="run only the tests whose node ids this file lists, one a line")
+    group.addoption("--retrograde-skip", default=None,
+                    help="leave out the tests whose node ids this file lists, one a line")
 
 
 def make_schedule(name: str):
@@ -144,6 +149,7 @@ def _diffeqsolve_substitute():
 
 
 def pytest_configure(config):
+    _report[0] = config.getoption("--retrograde-report")
     what = config.getoption("--retrograde-substitute")
     if what is None:
         return
@@ -167,15 +173,31 @@ def pytest_report_header(config):
             f"{config.getoption('--retrograde-schedule')}")
 
 
-def pytest_collection_modifyitems(config, items):
-    path = config.getoption("--retrograde-only")
-    if path is None:
-        return
+def _node_ids(path) -> set[str]:
     with open(path) as f:
-        keep = set(f.read().split())
-    chosen = [item for item in items if item.nodeid in keep]
-    config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in keep])
-    items[:] = chosen
+        return set(f.read().splitlines()) - {""}
+
+
+def pytest_collection_modifyitems(config, items):
+    only, skip = config.getoption("--retrograde-only"), config.getoption("--retrograde-skip")
+    keep = _node_ids(only) if only else None
+    drop = _node_ids(skip) if skip else set()
+    chosen = [item for item in items
+              if (keep is None or item.nodeid in keep) and item.nodeid not in drop]
+    if len(chosen) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in chosen])
+        items[:] = chosen
+
+
+def _write_record(record):
+    with open(_report[0], "a") as f:  # one line per record, written at once: a crash keeps them
+        f.write(json.dumps(record) + "\n")
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if _report[0]:
+        _write_record({"nodeid": nodeid, "when": "start", "outcome": "started", "exercised": 0,
+                       "message": ""})
 
 
 def pytest_runtest_setup(item):
@@ -185,13 +207,10 @@ def pytest_runtest_setup(item):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
-    path = item.config.getoption("--retrograde-report")
-    if path and (report.when == "call" or report.outcome != "passed"):
+    if _report[0] and (report.when == "call" or report.outcome != "passed"):
         message = ""
         if call.excinfo is not None and report.outcome == "failed":
             message = call.excinfo.exconly().strip().splitlines()[0][:300]
-        record = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
-                  "exercised": _calls[0], "message": message}
-        with open(path, "a") as f:  # one line per record, written at once: a crash keeps them
-            f.write(json.dumps(record) + "\n")
+        _write_record({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+                       "exercised": _calls[0], "message": message})
     return report

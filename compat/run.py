@@ -15,6 +15,9 @@ checking of diffrax, x64, strict dtype promotion, rank promotion raising). Nothi
 project is copied into retrograde; the substitution is the pytest plugin ``retrograde_compat``
 next to this script. Needs the ``compat`` extra (``pip install -e '.[compat]'``).
 
+A test that crashes the pytest process (a signal, say) is recorded as failed with the exit
+status, and its file is resumed after it in a new process, within the same time limit.
+
 Every failure must be listed, with the reason it is out of scope, in ``docs/drop-in.md`` (the
 table between the ``exceptions`` markers). The report lists per run the tests passed, failed,
 skipped and how many called the substitute, then every failure: listed ones with their reason,
@@ -51,7 +54,8 @@ MATRIX = {
 
 @dataclass
 class Run:
-    """One pytest process: a suite, what it substitutes, under which schedule, on which files."""
+    """One pytest run (a process, and one more after each crash): a suite, what it
+    substitutes, under which schedule, on which files."""
 
     suite: str
     substitute: str
@@ -126,8 +130,15 @@ def plan(args) -> list[Run]:
     return runs
 
 
+def crashed_in(records: list[dict]) -> str | None:
+    """The test a crashed process was running: the last one started (``None`` if none was)."""
+    starts = [rec["nodeid"] for rec in records if rec["when"] == "start"]
+    return starts[-1] if starts else None
+
+
 def execute(run: Run, args, workdir: Path) -> None:
     report = workdir / f"{run.name.replace('/', '_')}_{Path(run.files[0]).stem}.json"
+    skip = report.with_suffix(".skip")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(HERE), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
@@ -138,14 +149,31 @@ def execute(run: Run, args, workdir: Path) -> None:
         *([f"--retrograde-only={run.only}"] if run.only else []), *args.pytest_args,
     ]
     start = time.monotonic()
-    try:
-        proc = subprocess.run(cmd, cwd=run.src, env=env, capture_output=True, text=True,
-                              timeout=args.timeout)
-        run.returncode, out = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as e:
-        run.returncode = -1
-        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        out += f"\n(timed out after {args.timeout} s)"
+    crashes = []
+    while True:
+        left = args.timeout - (time.monotonic() - start)
+        try:
+            proc = subprocess.run(cmd + ([f"--retrograde-skip={skip}"] if crashes else []),
+                                  cwd=run.src, env=env, capture_output=True, text=True,
+                                  timeout=max(left, 1))
+            run.returncode, out = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as e:
+            run.returncode = -1
+            out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            out += f"\n(timed out after {args.timeout} s)"
+        records = ([json.loads(line) for line in report.read_text().splitlines() if line]
+                   if report.exists() else [])
+        # pytest's exit status: 0 all passed, 1 some failed, 5 nothing selected.
+        culprit = crashed_in(records) if run.returncode not in (-1, 0, 1, 5) else None
+        if culprit is None or culprit in crashes:
+            break
+        crashes.append(culprit)
+        with report.open("a") as f:
+            f.write(json.dumps({"nodeid": culprit, "when": "call", "outcome": "failed",
+                                "exercised": 0, "message": f"the pytest process crashed "
+                                f"(exit status {run.returncode}) in this test; the file "
+                                f"was resumed after it"}) + "\n")
+        skip.write_text("\n".join(sorted({rec["nodeid"] for rec in records} | {culprit})))
     run.seconds = time.monotonic() - start
     run.tail = "\n".join(out.strip().splitlines()[-15:])
     if report.exists():

@@ -4,6 +4,7 @@ run here: ``make compat``.)"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -100,3 +101,33 @@ def test_exceptions_table():
                                     "tests/x.py::T::testScanJaxpr[1]") == "why"
     assert compat_run.listed_reason([("diffrax", "*::a", "why")], "jax/scan/default",
                                     "t::a") is None
+
+
+CRASHING = textwrap.dedent("""
+    import os
+
+    def test_before():
+        pass
+
+    def test_crash():
+        os.abort()
+
+    def test_after():
+        pass
+""")
+
+
+def test_crash_is_recorded_and_the_file_resumed(tmp_path, monkeypatch):
+    """A test that kills the pytest process is recorded as failed (naming the exit status), and
+    the tests after it still run, in a new process."""
+    (tmp_path / "test_crashing.py").write_text(CRASHING)
+    run = compat_run.Run("jax", "scan", "default", tmp_path, ["test_crashing.py"])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    compat_run.execute(run, argparse.Namespace(timeout=300, pytest_args=[]), tmp_path)
+    calls = {r["nodeid"].split("::")[-1]: r for r in run.records if r["when"] == "call"}
+    assert calls["test_before"]["outcome"] == "passed"
+    assert calls["test_after"]["outcome"] == "passed"
+    assert calls["test_crash"]["outcome"] == "failed"
+    assert "crashed" in calls["test_crash"]["message"]
+    assert run.returncode == 0  # the resumed process finished
