@@ -21,6 +21,8 @@ from retrograde import schedules as rs
 from retrograde.__main__ import main
 from retrograde.host import _storage
 
+from .. import _signals
+
 # A child that starts a disk run and sleeps in step 5 (after printing READY).
 CHILD = textwrap.dedent("""
     import signal, sys, time
@@ -47,8 +49,10 @@ CHILD = textwrap.dedent("""
 
 def _start_child(tmp_path, handler="default"):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), handler],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    with _signals.defaults():
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), handler],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env)
     line = proc.stdout.readline()
     if line.strip() != "READY":
         proc.kill()
@@ -103,6 +107,7 @@ def test_sigkill_leaves_a_directory_that_clean_removes(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["retrograde-bare", "retrograde-p1-other"]
 
 
+@_signals.defaults()
 def test_handlers_installed_only_during_a_disk_run_and_restored(tmp_path):
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     with rh.forward(lambda n, u, a: u * a, np.ones(2), 1.0, 3, schedule=rs.StoreAll()):

@@ -27,6 +27,7 @@ from retrograde.host import SnapshotError
 from retrograde.loops import _offload, offload_stats, release_offloaded
 from retrograde.schedules import Level, MultiLevel, Online
 
+from .. import _signals
 from . import _problems as P
 from .test_counts import _count
 from .test_counts import _loss as _counted_scan_loss
@@ -421,8 +422,9 @@ def test_keyboard_interrupt_leaves_no_file(tmp_path):
             sys.exit(17 if "KeyboardInterrupt" in repr(e) + str(e) else 3)
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env,
-                             text=True)
+    with _signals.defaults():
+        child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                 env=env, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
         child.send_signal(2)
