@@ -260,13 +260,10 @@ def _write(x, i, v, pred):
     """``x`` with ``x[i] = v`` where ``pred`` (``i`` clamped; in place, no copy of ``x``). ``v``
     may also be a block of rows ``x[i : i + len(v)]``: one write, where two chained writes would
     make XLA copy ``x``."""
-    if v.ndim == x.ndim:
-        i = jnp.clip(i, 0, x.shape[0] - v.shape[0])
-        old = lax.dynamic_slice_in_dim(x, i, v.shape[0], 0)
-        return lax.dynamic_update_slice_in_dim(x, jnp.where(pred, v, old), i, 0)
-    i = jnp.clip(i, 0, x.shape[0] - 1)
-    old = lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
-    return lax.dynamic_update_index_in_dim(x, jnp.where(pred, v, old), i, 0)
+    rows = v if v.ndim == x.ndim else v[None]
+    i = jnp.clip(i, 0, x.shape[0] - rows.shape[0])
+    old = lax.dynamic_slice_in_dim(x, i, rows.shape[0], 0)
+    return lax.dynamic_update_slice_in_dim(x, jnp.where(pred, rows, old), i, 0)
 
 
 def _select(pred, a, b):
