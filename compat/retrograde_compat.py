@@ -182,10 +182,12 @@ def pytest_collection_modifyitems(config, items):
     only, skip = config.getoption("--retrograde-only"), config.getoption("--retrograde-skip")
     keep = _node_ids(only) if only else None
     drop = _node_ids(skip) if skip else set()
-    chosen = [item for item in items
-              if (keep is None or item.nodeid in keep) and item.nodeid not in drop]
-    if len(chosen) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item not in chosen])
+    chosen, left_out = [], []
+    for item in items:
+        wanted = (keep is None or item.nodeid in keep) and item.nodeid not in drop
+        (chosen if wanted else left_out).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
         items[:] = chosen
 
 
