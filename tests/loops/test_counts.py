@@ -76,6 +76,18 @@ def test_primal_and_tangent_counts():
     assert _count(jvp, *ARGS) == 2 * N
 
 
+@pytest.mark.parametrize("schedule", [s for _, s in SCHEDULES], ids=[i for i, _ in SCHEDULES])
+def test_hvp_count(schedule):
+    """``jax.jvp(jax.grad(f))`` (gradient and HVP) counts the gradient's evaluations plus ``N``:
+    the forward loop, the tangent loop (which lays the snapshots' tangents) and one reverse
+    sweep of the augmented step from those snapshots, whose tangent half is the gradient. No
+    sweep of its own for the gradient, no forward sweep of the augmented step's own."""
+    L = functools.partial(_loss, schedule, N)
+    hvp = jax.jit(lambda th, u0: jax.jvp(jax.grad(L, argnums=(0, 1)), (th, u0),
+                                         (1.0, jnp.ones(3))))
+    assert _count(hvp, *ARGS) == rs.simulate(schedule, N).plain + 1 + 2 * N
+
+
 def test_zero_and_one_step():
     for n in (0, 1):
         grad = jax.jit(jax.grad(functools.partial(_loss, rs.Revolve(2), n)))

@@ -43,6 +43,11 @@ def _all_orders(scan):
         out["grad_of_jvp"] = jax.grad(
             lambda p, u0, xs: jax.jvp(L, (p, u0, xs), (dp, du, dxs))[1], argnums=(0, 1, 2)
         )(p, u0, xs)
+        # Third order forward over reverse, and reverse over an HVP under jax.checkpoint.
+        hvp_u = lambda u: jax.jvp(lambda v: jax.grad(L, argnums=1)(p, v, xs), (u,), (du,))
+        out["jvp_jvp_grad"] = jax.jvp(lambda u: hvp_u(u)[1], (u0,), (du[::-1],))
+        out["grad_checkpoint_hvp"] = jax.grad(
+            jax.checkpoint(lambda u: jnp.sum(jnp.sin(hvp_u(u)[0] * hvp_u(u)[1]))))(u0)
         # vmap of HVPs over a batch of directions in u0.
         dus = jnp.stack([du, 2.0 * du[::-1], jnp.ones_like(du)])
         out["vmap_hvp"] = jax.vmap(
@@ -96,7 +101,8 @@ def _check(got, ref):
 
 def test_every_higher_order_transformation():
     """grad(grad), grad(grad(grad)), mixed, hessian, jacfwd(jacrev), jacrev(jacrev), jvp(grad),
-    grad(jvp) and vmap of HVPs, under Revolve(2)."""
+    grad(jvp), jvp(jvp(grad)), grad of a checkpointed HVP and vmap of HVPs, under
+    Revolve(2)."""
     _check(_all_orders(P.rscan(rs.Revolve(2)))(*_args()), _reference("all"))
 
 

@@ -116,11 +116,14 @@ def _confined(seeds, sweep, zero, axes):
 
 
 def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = None, *,
-            ys: bool = True, slots=None, unroll=1, batched=False, off: Offload | None = None):
+            ys: bool = True, slots=None, unroll=1, batched=False, off: Offload | None = None,
+            stored=None):
     """Run all ``N = length`` steps. Returns ``(carry_N, ys, snaps)``: the stacked per-step
     outputs (none unless ``ys``), and with ``tables`` the snapshots, ``S`` rows of each stored
     carry leaf (written into ``slots`` if given) followed by the stored leaves of ``u_{N-1}``.
     Snapshots of offloaded slots go to the store of ``off`` (required if the tables have some).
+    ``stored`` (a mask over the carry leaves) overrides which leaves are stored
+    (``body.stored``).
 
     With ``m`` stores, ``m <= N / DENSE`` and ``unroll == 1``, the steps between two stores run
     as a plain inner loop (one outer iteration per store), so a step costs what it costs
@@ -128,8 +131,17 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
     n = tables.length if tables is not None else length
     step = body.runner(batched)
     ys_buf = _zeros(body.y_avals, (n,)) if ys else []
+    stored = body.stored if stored is None else stored
+
+    def snapshot(carry):
+        return [c for c, st in zip(carry, stored) if st]
+
     if tables is not None and slots is None:
-        slots = _zeros(body.snapshot_avals, (tables.n_slots,))
+        # Each tied to its leaf (so batched as it is): XLA would merge equal zero-filled slots
+        # of two forward sweeps (a loop's and its tangent's) into one buffer and copy it for
+        # each, a third buffer.
+        slots = [_zeros_after([a], (tables.n_slots,), [c])[0]
+                 for a, c in zip(snapshot(body.carry_avals), snapshot(carry))]
 
     def one(i, state):
         carry, ys_buf = state
@@ -137,7 +149,7 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
         return new, _put(ys_buf, y, i) if ys else ys_buf
 
     if n == 0:  # nothing to trace (a step would index an empty xs)
-        return list(carry), ys_buf, ([*slots, *body.snapshot(carry)] if tables else [])
+        return list(carry), ys_buf, ([*slots, *snapshot(carry)] if tables else [])
     if tables is None:
         carry, ys_buf = lax.fori_loop(0, n, one, (list(carry), ys_buf), unroll=unroll)
         return carry, ys_buf, []
@@ -145,7 +157,7 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
     def keep(k, i, carry, slots, hit=True):
         """``slots`` with ``u_i`` (``carry``) in slot ``k`` if ``hit``; an offloaded slot's
         snapshot goes to its store."""
-        snap = body.snapshot(carry)
+        snap = snapshot(carry)
         if off is not None:
             k = off.keep(k, snap, i, hit)
             hit = hit & (k >= 0)
@@ -185,7 +197,7 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
                                         unroll=unroll)
     if not nested and m and int(at_steps[-1]) == n - 1:  # u_{N-1} is stored as well
         slots = keep(jnp.asarray(at_slots[-1]), n - 1, state[0], slots)
-    last = body.snapshot(state[0])
+    last = snapshot(state[0])
     carry, ys_buf = one(n - 1, state)
     return carry, ys_buf, [*slots, *last]
 

@@ -10,6 +10,7 @@ primitive         computes                                               linear 
 ``fwd_p``         ``F(z)`` (and ``snaps`` when ``save``)                 -
 ``tan_p``         ``J(z) z_dot``: the forward loop of ``jvp(P)``         ``z_dot``
 ``adj_p``         ``J(z)^T w``: the schedule's reverse sweep             ``w``
+``adjt_p``        ``adj_p`` and its tangent, from one augmented sweep    -
 ================  =====================================================  ===================
 
 Each primitive's inputs come in named groups (:class:`FwdArgs`, :class:`TanArgs`,
@@ -19,12 +20,19 @@ group (a while loop, :mod:`._while`), whose snapshots were placed online and car
 
 Rules:
 
-- JVP of ``fwd_p``: ``fwd_p`` with ``save=True`` and ``tan_p(z, snaps; z_dot)``.
+- JVP of ``fwd_p``: ``fwd_p`` with ``save=True`` and ``tan_p(z, snaps; z_dot)``. When the
+  snapshots are read (``save``), ``tan_p`` also lays their tangents (``lay``: the tangent
+  states at the same steps), which the JVP of the ``adj_p`` reading them takes as the tangent
+  half of its augmented sweep's snapshots instead of running that sweep's forward again.
 - Transpose of ``tan_p`` in ``z_dot``: ``adj_p(z, snaps; ct)``.
 - Transpose of ``adj_p`` in ``w``: ``tan_p(z, snaps; ct)``.
 - JVP of ``tan_p``: ``tan_p`` of the body ``jvp(P)`` (the tangent-of-tangent part).
 - JVP of ``adj_p``: ``J^T w_dot + Hess<w, F> z_dot``, which is the ``z``-half of
-  ``adj_p`` on ``jvp(P)`` with cotangent ``(w_dot, w)``.
+  ``adj_p`` on ``jvp(P)`` with cotangent ``(w_dot, w)``; its tangent half is ``J^T w``, the
+  primal output. ``adjt_p`` binds both: one augmented sweep where a separate primal sweep would
+  cost a whole first-order adjoint more. Partial evaluation (``jax.linearize``, ``grad`` of an
+  HVP) and its own JVP split it into the two ``adj_p`` again, since JAX needs primal outputs
+  computed from primals alone.
 - Transpose of that (``adj_p`` on ``C = jvp(Q)`` with the tangent half of ``z`` and the primal
   half of the cotangent unknown): ``z_dot_bar = Hess<w, F_Q> ct`` (the Hessian is symmetric, so it
   is the same JVP-of-adjoint again) and ``w_dot_bar = J_Q ct`` (a ``tan_p``). No reverse sweep is
@@ -39,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jax._src import core, dispatch
 from jax._src.interpreters import ad, batching, mlir
@@ -57,7 +66,8 @@ from ._tables import tables_for
 fwd_p = Primitive("retrograde_forward")
 tan_p = Primitive("retrograde_tangent")
 adj_p = Primitive("retrograde_adjoint")
-for _p in (fwd_p, tan_p, adj_p):
+adjt_p = Primitive("retrograde_adjoint_and_tangent")
+for _p in (fwd_p, tan_p, adj_p, adjt_p):
     _p.multiple_results = True
     _p.def_impl(lambda *args, _p=_p, **params: dispatch.apply_primitive(_p, *args, **params))
 
@@ -254,6 +264,70 @@ class AdjOuts(NamedTuple):
         return _groups(cls, outs, [sum(keep.consts), _n_float(body.carry_avals), sum(keep.xs)])
 
 
+class AdjTanArgs(NamedTuple):
+    """Inputs of ``adjt_p``: the primal groups of :class:`AdjArgs`, then the tangents that are
+    not symbolic zeros, selected by ``masks``, one mask per group: consts, carry, xs,
+    carry_bar, ys_bar. With ``has_snaps``, ``snaps`` are the forward sweep's snapshots and
+    ``dsnaps`` their tangents on the float stored leaves (rows, then ``u_{N-1}``), laid by the
+    forward's ``tan_p``: together the augmented sweep's snapshots. Without, both sweeps lay
+    their own."""
+
+    steps: list
+    consts: list
+    carry: list
+    xs: list
+    snaps: list
+    carry_bar: list
+    ys_bar: list
+    dconsts: list
+    dcarry: list
+    dxs: list
+    dcarry_bar: list
+    dys_bar: list
+    dsnaps: list
+
+    @classmethod
+    def of(cls, args, body: Body, extent: Extent, has_snaps: bool, ymask, masks):
+        n_float = sum(st and is_float(a) for st, a in zip(body.stored, body.carry_avals))
+        return _groups(cls, args, [
+            extent.n_steps_inputs, body.nc, body.nk, body.nx,
+            extent.n_snapshots(body) if has_snaps else 0, _n_float(body.carry_avals),
+            sum(ymask), *(sum(m) for m in masks), 2 * n_float if has_snaps else 0,
+        ])
+
+    @classmethod
+    def pack(cls, body: Body, a: AdjArgs, t: AdjArgs):
+        """From the primals and tangents of ``adj_p``'s inputs: ``(args, masks)``. The
+        snapshots are shared if the forward laid their tangents (:func:`apply_tangent`)."""
+        groups = (t.consts, t.carry, t.xs, t.carry_bar, t.ys_bar)
+        masks = tuple(tuple(_nz(v) for v in g) for g in groups)
+        nonzero = [_pick(m, g) for m, g in zip(masks, groups)]
+        snaps, dsnaps = [], []
+        if any(_nz(v) for v in t.snaps):
+            ns = sum(body.stored)
+            fs = [is_float(v) for v in body.snapshot_avals]
+            snaps = a.snaps
+            dsnaps = [_inst(v) for v in _pick(fs, t.snaps[:ns]) + _pick(fs, t.snaps[ns:])]
+        return cls(a.steps, a.consts, a.carry, a.xs, snaps, a.carry_bar, a.ys_bar, *nonzero,
+                   dsnaps), masks
+
+    def unpack(self, body: Body, extent: Extent, ymask, masks) -> tuple[AdjArgs, AdjArgs]:
+        """The primals and tangents of ``adj_p``'s inputs (symbolic zeros off the masks; no
+        snapshots)."""
+        x_avals = _xs_avals(body, extent.length) if not extent.dynamic else []
+        y_avals = _floats_of(_ys_avals(body, extent.length) if not extent.dynamic else [],
+                             body.y_avals)
+        a = AdjArgs(self.steps, self.consts, self.carry, self.xs, [], self.carry_bar,
+                    self.ys_bar)
+        mc, mk, mx, mkb, myb = masks
+        t = AdjArgs([], _expand(mc, self.dconsts, body.const_avals),
+                    _expand(mk, self.dcarry, body.carry_avals), _expand(mx, self.dxs, x_avals),
+                    [], _expand(mkb, self.dcarry_bar, _floats_of(body.carry_avals,
+                                                                body.carry_avals)),
+                    _expand(myb, self.dys_bar, _pick(ymask, y_avals)))
+        return a, t
+
+
 # ----------------------------------------------------------------------------- helpers
 
 
@@ -296,6 +370,12 @@ def _full_from_floats(values, avals):
     return [next(it) if is_float(a) else _zero(a) for a in avals]
 
 
+def _full_mask(mask, avals):
+    """A mask over the float leaves of ``avals`` as one over all of them (False elsewhere)."""
+    it = iter(mask)
+    return [next(it) if is_float(a) else False for a in avals]
+
+
 def _floats_of(values, avals):
     return [v for v, a in zip(values, avals) if is_float(a)]
 
@@ -316,12 +396,21 @@ def _fwd_outs(body, extent, save):
     return outs + (extent.snapshot_avals(body) if save else [])
 
 
-def _tan_outs(body, extent, masks):
+def _laid(body, masks) -> list[bool]:
+    """The stored carry leaves whose snapshot tangents ``tan_p`` lays (those with a tangent)."""
+    return [st and m for st, m in zip(body.stored, masks[1])]
+
+
+def _tan_outs(body, extent, masks, lay):
     mc, mk, mx = masks
     _, _, my = jvp_body(body, mc, mk, mx)
     outs = [a.to_tangent_aval() for a, m in zip(body.carry_avals, mk) if m]
-    return outs + [_timed(a.to_tangent_aval(), extent.length)
-                   for a, m in zip(body.y_avals, my) if m]
+    outs += [_timed(a.to_tangent_aval(), extent.length) for a, m in zip(body.y_avals, my) if m]
+    if lay:  # the snapshots' tangents: rows, then the state u_{N-1}
+        laid = _pick(_laid(body, masks), body.carry_avals)
+        outs += [_timed(a.to_tangent_aval(), extent.n_slots) for a in laid]
+        outs += [a.to_tangent_aval() for a in laid]
+    return outs
 
 
 def _adj_outs(body, extent, keep):
@@ -350,13 +439,17 @@ fwd_p.def_effectful_abstract_eval(
     _abstract(lambda body, extent, save: _fwd_outs(body, extent, save),
               lambda extent, save: save))
 tan_p.def_effectful_abstract_eval(
-    lambda *a, body, extent, has_snaps, masks, levels: (
-        _levels.batched_avals(_tan_outs(body, extent, masks), levels),
+    lambda *a, body, extent, has_snaps, masks, lay, levels: (
+        _levels.batched_avals(_tan_outs(body, extent, masks, lay), levels),
         jvp_body(body, *masks)[0].effects
         | (stored_effects(extent.offload) if has_snaps else set()),
     ))
 adj_p.def_effectful_abstract_eval(
     _abstract(lambda body, extent, has_snaps, ymask, keep: _adj_outs(body, extent, keep),
+              lambda **params: True))
+adjt_p.def_effectful_abstract_eval(
+    _abstract(lambda body, extent, has_snaps, ymask, keep, masks:
+              2 * _adj_outs(body, extent, keep),
               lambda **params: True))
 
 
@@ -372,7 +465,7 @@ def _fwd_impl(args, body, extent, save, axes):
     return [*carry, *ys, *snaps, *([off.handle] if off is not None else [])]
 
 
-def _tan_impl(args, body, extent, has_snaps, masks, axes):
+def _tan_impl(args, body, extent, has_snaps, masks, lay, axes):
     a = TanArgs.of(args, body, extent, has_snaps, masks)
     if has_snaps and extent.offload is not None:
         # The tangent loop never reads the snapshots (they are there for its transpose, which
@@ -383,9 +476,13 @@ def _tan_impl(args, body, extent, has_snaps, masks, axes):
     if extent.dynamic:
         carry = advance_steps(child, consts, carry, a.steps[0], batched=bool(axes))
         return carry[body.nk :]
-    carry, ys, _ = forward(child, extent.length, consts, carry, [*a.xs, *a.dxs], None,
-                           unroll=extent.unroll, batched=bool(axes))
-    return [*carry[body.nk :], *ys[body.ny :]]
+    # With ``lay``, the child's stored leaves that are tangents (the primals' are in the
+    # forward's snapshots): rows, then u_{N-1}.
+    laid = [False] * body.nk + list(child.stored[body.nk :])
+    carry, ys, snaps = forward(child, extent.length, consts, carry, [*a.xs, *a.dxs],
+                               extent.tables() if lay else None, unroll=extent.unroll,
+                               batched=bool(axes), stored=laid)
+    return [*carry[body.nk :], *ys[body.ny :], *snaps]
 
 
 def _adj_impl(args, body, extent, has_snaps, ymask, keep, axes):
@@ -413,6 +510,7 @@ def _lowering(impl):
 mlir.register_lowering(fwd_p, _lowering(_fwd_impl))
 mlir.register_lowering(tan_p, _lowering(_tan_impl))
 mlir.register_lowering(adj_p, _lowering(_adj_impl))
+mlir.register_lowering(adjt_p, _lowering(lambda args, axes, **params: _adjt_impl(args, **params)))
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -423,11 +521,14 @@ def forward_loop(body: Body, extent: Extent, consts, carry, xs, save=False) -> l
     return fwd_p.bind(*consts, *carry, *xs, body=body, extent=extent, save=save, levels=())
 
 
-def apply_tangent(body, extent, z, snaps, dz, steps=()):
+def apply_tangent(body, extent, z, snaps, dz, steps=(), lay=False):
     """``J(z) dz`` as full leaf lists ``(carry_N_dot, ys_dot)`` with symbolic zeros.
 
     ``z = (consts, carry, xs)`` and ``dz`` alike (entries may be symbolic zeros); ``snaps`` are
-    the snapshots (or an empty list); ``steps`` the run-time step count (while loops).
+    the snapshots (or an empty list); ``steps`` the run-time step count (while loops). With
+    ``lay`` (a loop of known length without offloaded slots), also the tangents of the
+    snapshots that the forward sweep lays, laid out as those (symbolic zeros where a stored
+    leaf has no tangent): ``(carry_N_dot, ys_dot, snaps_dot)``.
     """
     c, k, x = z
     dc, dk, dx = dz
@@ -435,15 +536,22 @@ def apply_tangent(body, extent, z, snaps, dz, steps=()):
     mk0 = tuple(_nz(t) for t in dk)
     mx = tuple(_nz(t) for t in dx)
     y_avals = _ys_avals(body, extent.length) if not extent.dynamic else []
+    snap_avals = extent.snapshot_avals(body) if lay else []
     if not any(mc + mk0 + mx):
-        return [_zero(a) for a in body.carry_avals], [_zero(a) for a in y_avals]
+        zeros = [_zero(a) for a in body.carry_avals], [_zero(a) for a in y_avals]
+        return (*zeros, [_zero(a) for a in snap_avals]) if lay else zeros
     _, mk, my = jvp_body(body, mc, mk0, mx)
     args = TanArgs(list(steps), list(c), list(k), list(x), list(snaps), _pick(mc, dc),
                    [_inst(t) for t in _pick(mk, dk)], _pick(mx, dx))
     outs = tan_p.bind(*_flat(args), body=body, extent=extent, has_snaps=bool(snaps),
-                      masks=(mc, mk, mx), levels=())
-    tk, ty = cut(outs, [sum(mk), sum(my)])
-    return _expand(mk, tk, body.carry_avals), _expand(my, ty, y_avals)
+                      masks=(mc, mk, mx), lay=lay, levels=())
+    laid = _pick(body.stored, _laid(body, (mc, mk, mx)))
+    tk, ty, rows, last = cut(outs, [sum(mk), sum(my), sum(laid), sum(laid)])
+    tk, ty = _expand(mk, tk, body.carry_avals), _expand(my, ty, y_avals)
+    if not lay:
+        return tk, ty
+    ns = sum(body.stored)
+    return tk, ty, _expand(laid, rows, snap_avals[:ns]) + _expand(laid, last, snap_avals[ns:])
 
 
 def apply_adjoint(body, extent, z, snaps, kbar, ybar, steps=(), keep=None) -> AdjOuts:
@@ -463,13 +571,18 @@ def apply_adjoint(body, extent, z, snaps, kbar, ybar, steps=(), keep=None) -> Ad
     return AdjOuts.of(outs, body, keep)
 
 
-def adjoint_tangent(body, extent, z, dz, w, dw, steps=(), keep=None) -> AdjOuts:
+def adjoint_tangent(body, extent, z, dz, w, dw, steps=(), keep=None, primal=False, snaps=()):
     """Tangent of ``z, w -> J(z)^T w`` along ``(dz, dw)``: ``J^T dw + Hess<w, F> dz``.
 
     ``w = (kbar, ybar)`` and ``dw`` are full leaf lists over the outputs (symbolic zeros
     allowed). Computed as the ``z``-half of the adjoint of ``jvp(body)`` with cotangent
     ``(dw, w)``. Returns cotangents over the float leaves of consts, carry and xs (those
-    selected by ``keep``, as in :func:`apply_adjoint`).
+    selected by ``keep``, as in :func:`apply_adjoint`), an :class:`AdjOuts`.
+
+    With ``primal``, returns ``(J^T w, tangent)``: ``J^T w`` is the cotangent of the tangent
+    half of the same sweep, so it costs no sweep of its own. That needs a tangent on every float
+    carry leaf and on every kept consts and xs leaf, and every carry leaf kept. ``snaps``: the
+    augmented body's snapshots, if the forward laid them (else the sweep lays its own).
     """
     c, k, x = z
     dc, dk, dx = dz
@@ -488,11 +601,19 @@ def adjoint_tangent(body, extent, z, dz, w, dw, steps=(), keep=None) -> AdjOuts:
     keep = Keep.every(body) if keep is None else keep
     # Only the primal half of the child's consts and xs cotangents is wanted; its carry is
     # differentiated where the parent's is, and on every tangent leaf.
-    child_keep = Keep(keep.consts + (False,) * sum(mc), keep.xs + (False,) * sum(mx),
-                      keep.carry + (True,) * sum(mk))
-    out = apply_adjoint(child, extent, (zc, zk, zx), [], kbar_child, ybar_child, steps,
+    # With ``primal``, also the tangent halves of the kept consts and xs leaves.
+    tc = tuple(_pick(mc, _full_mask(keep.consts, body.const_avals))) if primal else ()
+    tx = tuple(_pick(mx, _full_mask(keep.xs, body.x_avals))) if primal else ()
+    child_keep = Keep(keep.consts + (tc or (False,) * sum(mc)),
+                      keep.xs + (tx or (False,) * sum(mx)), keep.carry + (True,) * sum(mk))
+    out = apply_adjoint(child, extent, (zc, zk, zx), list(snaps), kbar_child, ybar_child, steps,
                         child_keep)
-    return AdjOuts(out.consts, out.carry[: _n_float(body.carry_avals)], out.xs)
+    nc, nf, nx = sum(keep.consts), _n_float(body.carry_avals), sum(keep.xs)
+    tangent = AdjOuts(out.consts[:nc], out.carry[:nf], out.xs[:nx])
+    if not primal:
+        return tangent
+    assert sum(tc) == nc and sum(tx) == nx and all(keep.carry) and len(out.carry) == 2 * nf
+    return AdjOuts(out.consts[nc:], out.carry[nf:], out.xs[nx:]), tangent
 
 
 # ----------------------------------------------------------------------------- JVP rules
@@ -506,23 +627,28 @@ def _fwd_jvp(primals, tangents, *, body, extent, save, levels):
     # The transpose of this tangent then re-lays its own instead of sharing them: sharing would
     # keep them alive (and force a copy) beside the inner derivative's augmented sweeps; this
     # costs one extra forward sweep, at higher order only.
-    tk, ty = apply_tangent(body, extent, a, [] if save else snaps, t)
+    # The snapshots' tangents are laid only for an adjoint that reads the snapshots (``save``).
+    lay = save and extent.offload is None
+    tk, ty, *dsnaps = apply_tangent(body, extent, a, [] if save else snaps, t, lay=lay)
     primal_out = [*carry, *ys] + (snaps if save else [])
-    tangent_out = [*tk, *ty] + ([_zero(core.typeof(v)) for v in snaps] if save else [])
-    return primal_out, tangent_out
+    if save and not lay:
+        dsnaps = [[_zero(core.typeof(v)) for v in snaps]]
+    return primal_out, [*tk, *ty, *(dsnaps[0] if save else [])]
 
 
-def _tan_jvp(primals, tangents, *, body, extent, has_snaps, masks, levels):
+def _tan_jvp(primals, tangents, *, body, extent, has_snaps, masks, lay, levels):
     a = TanArgs.of(primals, body, extent, has_snaps, masks)
     t = TanArgs.of(tangents, body, extent, has_snaps, masks)
     child, _, _ = jvp_body(body, *masks)
     out = tan_p.bind(*primals, body=body, extent=extent, has_snaps=has_snaps, masks=masks,
-                     levels=())
+                     lay=lay, levels=())
     zk, zy = apply_tangent(
         child, extent, ([*a.consts, *a.dconsts], [*a.carry, *a.dcarry], [*a.xs, *a.dxs]), [],
         ([*t.consts, *t.dconsts], [*t.carry, *t.dcarry], [*t.xs, *t.dxs]), a.steps,
     )
-    return out, [*zk[body.nk :], *zy[body.ny :]]
+    # The laid snapshot tangents are a cache, as snapshots are: no derivative flows through them.
+    laid = out[len(zk) - body.nk + len(zy) - body.ny :]
+    return out, [*zk[body.nk :], *zy[body.ny :], *(_zero(core.typeof(v)) for v in laid)]
 
 
 def _adj_jvp(primals, tangents, *, body, extent, has_snaps, ymask, keep, levels):
@@ -532,17 +658,56 @@ def _adj_jvp(primals, tangents, *, body, extent, has_snaps, ymask, keep, levels)
         out = adj_p.bind(*primals, body=body, extent=extent, has_snaps=has_snaps, ymask=ymask,
                          keep=keep, levels=())
         return out, [_zero(core.typeof(o)) for o in out]
-    # The primal adjoint re-lays its own snapshots rather than reading the forward's: XLA may
-    # run it after the augmented sweep below, and the forward's snapshots would then live beside
-    # the augmented ones. One extra forward sweep, at second order only.
-    no_snaps = a._replace(snaps=[])
-    out = adj_p.bind(*_flat(no_snaps), body=body, extent=extent, has_snaps=False, ymask=ymask,
+    args, masks = AdjTanArgs.pack(body, a, t)
+    outs = adjt_p.bind(*_flat(args), body=body, extent=extent, has_snaps=bool(args.snaps),
+                       ymask=ymask, keep=keep, masks=masks, levels=())
+    return cut(outs, [len(outs) // 2, len(outs) // 2])
+
+
+def _adjt_split(args, body, extent, has_snaps, ymask, keep, masks):
+    """``adjt_p`` as the two ``adj_p`` it fuses: the primal adjoint (which then reads only
+    primals) and the ``z``-half of the augmented one. Both lay their own snapshots: the
+    forward's would live beside theirs when XLA runs them late, and the augmented one's are
+    not transposable inputs."""
+    a, t = AdjTanArgs.of(args, body, extent, has_snaps, ymask, masks).unpack(body, extent,
+                                                                              ymask, masks)
+    out = adj_p.bind(*_flat(a), body=body, extent=extent, has_snaps=False, ymask=ymask,
                      keep=keep, levels=())
     w = _cotangent_lists(body, extent, a.carry_bar, a.ys_bar, ymask)
     dw = _cotangent_lists(body, extent, t.carry_bar, t.ys_bar, ymask)
-    cc, kk, xx = adjoint_tangent(body, extent, a.z, (t.consts, t.carry, t.xs), w, dw, a.steps,
-                                 keep)
-    return out, [*cc, *kk, *xx]
+    tangent = adjoint_tangent(body, extent, a.z, (t.consts, t.carry, t.xs), w, dw, a.steps,
+                              keep)
+    return [*out, *_flat(tangent)]
+
+
+def _adjt_impl(args, body, extent, has_snaps, ymask, keep, masks):
+    """``adjt_p`` in one augmented sweep: zero tangents are given to the float carry leaves
+    and the kept consts and xs leaves that have none, so that its tangent half is ``J^T w``
+    whole. A carry leaf held constant (``keep.carry``) is held in the primal adjoint only, so
+    then the two sweeps run apart. With ``has_snaps`` the sweep reads the forward's snapshots
+    and their tangents instead of laying its own."""
+    if not all(keep.carry):
+        return _adjt_split(args, body, extent, has_snaps, ymask, keep, masks)
+    g = AdjTanArgs.of(args, body, extent, has_snaps, ymask, masks)
+    a, t = g.unpack(body, extent, ymask, masks)
+    snaps = []
+    if has_snaps:  # the augmented body's snapshots: stored leaves, then their tangents
+        ns, nd = sum(body.stored), len(g.dsnaps) // 2
+        snaps = g.snaps[:ns] + g.dsnaps[:nd] + g.snaps[ns:] + g.dsnaps[nd:]
+    x_avals = _xs_avals(body, extent.length) if not extent.dynamic else []
+
+    def forced(tangents, avals, mask):
+        return [jnp.zeros(v.aval.shape, v.aval.dtype) if m and not _nz(v) else v
+                for v, m in zip(tangents, mask)]
+
+    dz = (forced(t.consts, body.const_avals, _full_mask(keep.consts, body.const_avals)),
+          forced(t.carry, body.carry_avals, [is_float(v) for v in body.carry_avals]),
+          forced(t.xs, x_avals, _full_mask(keep.xs, body.x_avals)))
+    w = _cotangent_lists(body, extent, a.carry_bar, a.ys_bar, ymask)
+    dw = _cotangent_lists(body, extent, t.carry_bar, t.ys_bar, ymask)
+    primal, tangent = adjoint_tangent(body, extent, a.z, dz, w, dw, a.steps, keep, primal=True,
+                                      snaps=snaps)
+    return [*_flat(primal), *_flat(tangent)]
 
 
 def _cotangent_lists(body, extent, carry_bar, ys_bar, ymask):
@@ -559,16 +724,51 @@ ad.primitive_jvps[tan_p] = _levels.jvp_rule(_tan_jvp)
 ad.primitive_jvps[adj_p] = _levels.jvp_rule(_adj_jvp)
 
 
+def _adjt_jvp(primals, tangents, *, levels, **params):
+    """The JVP of the split (whose ``adj_p`` fuse again, one order up)."""
+    return jax.jvp(lambda *args: _adjt_split(args, **params), tuple(primals),
+                   tuple(_inst(t) for t in tangents))
+
+
+ad.primitive_jvps[adjt_p] = _levels.jvp_rule(_adjt_jvp)
+
+
+def _adjt_partial_eval(trace, *tracers, levels, **params):
+    """Split ``adjt_p`` when some input is unknown: the primal adjoint's inputs are primals,
+    so its outputs stay known (as ``jax.linearize`` requires of primal outputs)."""
+    if all(t.pval.is_known() for t in tracers):
+        return trace.default_process_primitive(adjt_p, tracers, dict(params, levels=levels))
+    with core.set_current_trace(trace):
+        return _levels.vmapped(lambda *args: _adjt_split(args, **params), levels)(*tracers)
+
+
+pe.custom_partial_eval_rules[adjt_p] = _adjt_partial_eval
+
+
+def _adjt_partial_eval_custom(saveable, unks_in, inst_in, eqn):
+    """As :func:`_adjt_partial_eval` for a jaxpr (``jax.checkpoint``): the split as a call."""
+    params = dict(eqn.params)
+    levels = params.pop("levels")
+    split = _levels.vmapped(lambda *args: _adjt_split(args, **params), levels)
+    closed = jax.make_jaxpr(split)(*(v.aval for v in eqn.invars))
+    call = eqn.replace(primitive=core.closed_call_p, params=dict(call_jaxpr=closed))
+    return pe.partial_eval_jaxpr_custom_rules[core.closed_call_p](saveable, unks_in, inst_in,
+                                                                  call)
+
+
+pe.partial_eval_jaxpr_custom_rules[adjt_p] = _adjt_partial_eval_custom
+
+
 # ----------------------------------------------------------------------------- transposes
 
 
-def _tan_transpose(cts, *args, body, extent, has_snaps, masks, levels):
+def _tan_transpose(cts, *args, body, extent, has_snaps, masks, lay, levels):
     mc, mk, mx = masks
     _, _, my = jvp_body(body, mc, mk, mx)
     a = TanArgs.of(args, body, extent, has_snaps, masks)
     if any(_undef(v) for v in [*a.steps, *a.consts, *a.carry, *a.xs, *a.snaps]):
         raise NotImplementedError("retrograde: tan_p is linear only in its tangent inputs.")
-    ctk, cty = cut(cts, [sum(mk), sum(my)])
+    ctk, cty = cut(cts, [sum(mk), sum(my)])  # the laid snapshot tangents are a cache
     y_avals = _ys_avals(body, extent.length) if not extent.dynamic else []
     kbar = _expand(mk, ctk, body.carry_avals)
     ybar = _expand(my, cty, y_avals)
@@ -694,15 +894,18 @@ ad.primitive_transposes[adj_p] = _levels.transpose_rule(_adj_transpose)
 # ----------------------------------------------------------------------------- dead code
 
 
-def _adj_dce(used_outputs, eqn):
+def _adj_dce(used_outputs, eqn, halves=1):
     """Drop the consts and xs cotangents nobody reads: the adjoint then holds those leaves
     constant, so they cost neither per-step work nor memory (an unread ``xs`` cotangent would
-    be an ``O(N)`` buffer). Carry cotangents are the sweep's state and always stay."""
+    be an ``O(N)`` buffer). Carry cotangents are the sweep's state and always stay. With
+    ``halves=2`` (``adjt_p``) the outputs are two :class:`AdjOuts` over the same ``keep``: a
+    leaf stays if either reads it."""
     if not any(used_outputs) and not eqn.effects:
         return [False] * len(eqn.invars), None
     params = eqn.params
     old, body = params["keep"], params["body"]
-    used = AdjOuts.of(used_outputs, body, old)
+    n = len(used_outputs) // halves
+    used = AdjOuts.of([any(used_outputs[i::n]) for i in range(n)], body, old)
 
     def narrow(mask, used):
         it = iter(used)
@@ -712,7 +915,7 @@ def _adj_dce(used_outputs, eqn):
     if keep == old:
         return [True] * len(eqn.invars), eqn
     selected = AdjOuts(used.consts, [True] * len(used.carry), used.xs)
-    flags = _flat(selected)
+    flags = _flat(selected) * halves
     levels = tuple(dataclasses.replace(lv, out_axes=tuple(_pick(flags, lv.out_axes)))
                    for lv in params["levels"])
     outvars = _pick(flags, eqn.outvars)
@@ -721,6 +924,23 @@ def _adj_dce(used_outputs, eqn):
 
 
 pe.dce_rules[adj_p] = _adj_dce
+pe.dce_rules[adjt_p] = lambda used, eqn: _adj_dce(used, eqn, halves=2)
+
+
+def _tan_dce(used_outputs, eqn):
+    """Lay no snapshot tangents that nobody reads."""
+    if not any(used_outputs) and not eqn.effects:
+        return [False] * len(eqn.invars), None
+    params = eqn.params
+    n = len(eqn.outvars) - 2 * sum(_laid(params["body"], params["masks"])) * params["lay"]
+    if not params["lay"] or any(used_outputs[n:]):
+        return [True] * len(eqn.invars), eqn
+    levels = tuple(dataclasses.replace(lv, out_axes=lv.out_axes[:n]) for lv in params["levels"])
+    new = eqn.replace(params=dict(params, lay=False, levels=levels), outvars=eqn.outvars[:n])
+    return [True] * len(eqn.invars), new
+
+
+pe.dce_rules[tan_p] = _tan_dce
 
 
 def _fwd_dce(used_outputs, eqn):
@@ -772,7 +992,7 @@ def _unbatched_steps(dims):
         )
 
 
-def _tan_out_axes(data, dims, *, body, extent, has_snaps, masks):
+def _tan_out_axes(data, dims, *, body, extent, has_snaps, masks, lay):
     """The batching of the tangent outputs, from the parent body with a leaf batched where its
     value or its tangent is: the tangent of an output depends only on inputs (and their
     tangents) that the output itself depends on. (The tangent body is not analysed: it may hold
@@ -790,7 +1010,8 @@ def _tan_out_axes(data, dims, *, body, extent, has_snaps, masks):
     carry_b, ys_b = carry_fixpoint(body.jaxpr, data, union(d.consts, d.dconsts, mc),
                                    union(d.carry, d.dcarry, mk), union(d.xs, d.dxs, mx), body.nk)
     _, _, my = jvp_body(body, mc, mk, mx)
-    return _axes(_pick(mk, carry_b)) + _axes(_pick(my, ys_b))
+    laid = _axes(_pick(_laid(body, masks), carry_b)) * 2 if lay else []
+    return _axes(_pick(mk, carry_b)) + _axes(_pick(my, ys_b)) + laid
 
 
 def _adj_out_axes(data, dims, *, body, extent, has_snaps, ymask, keep):
@@ -800,4 +1021,31 @@ def _adj_out_axes(data, dims, *, body, extent, has_snaps, ymask, keep):
 
 _levels.batcher(fwd_p, _fwd_out_axes)
 _levels.batcher(tan_p, _tan_out_axes)
+def _adjt_out_axes(data, dims, *, body, extent, has_snaps, ymask, keep, masks):
+    _unbatched_steps(AdjTanArgs.of(dims, body, extent, has_snaps, ymask, masks).steps)
+    return [0] * (2 * len(_adj_outs(body, extent, keep)))
+
+
 _levels.batcher(adj_p, _adj_out_axes)
+_levels.batcher(adjt_p, _adjt_out_axes)
+_adjt_batched = batching.fancy_primitive_batchers[adjt_p]
+
+
+def _adjt_batch(data, args, dims, *, levels, **params):
+    """Batch ``adjt_p``; when only tangents are batched (``jax.jacfwd`` of a gradient) its
+    primal outputs must stay unbatched, so it runs split: one primal adjoint, unbatched."""
+    d = AdjTanArgs.of(dims, params["body"], params["extent"], params["has_snaps"],
+                      params["ymask"], params["masks"])
+    primal = [*d.steps, *d.consts, *d.carry, *d.xs, *d.snaps, *d.carry_bar, *d.ys_bar]
+    if any(v is not None for v in primal) or all(v is None for v in dims):
+        return _adjt_batched(data, args, dims, levels=levels, **params)
+    n = len(_adj_outs(params["body"], params["extent"], params["keep"]))
+    axes = [None] * n + [0] * n
+    split = _levels.vmapped(lambda *a: _adjt_split(a, **params), levels)
+    name = None if data.name is core.no_axis_name else data.name
+    outs = jax.vmap(split, in_axes=list(dims), out_axes=axes, axis_size=data.size,
+                    axis_name=name, spmd_axis_name=data.spmd_name)(*args)
+    return outs, axes
+
+
+batching.fancy_primitive_batchers[adjt_p] = _adjt_batch
