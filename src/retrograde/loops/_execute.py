@@ -81,7 +81,7 @@ def any_over(pred, axes):
     return lax.psum(pred.astype(i32), axes) > 0
 
 
-def _zeros_after(avals, lead, deps):
+def zeros_after(avals, lead, deps):
     """Zeros that XLA cannot allocate before ``deps`` exist (see :func:`_confined`).
 
     The zeros are tied to one element of every dependency: a single one may be a constant (a
@@ -137,11 +137,7 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
         return [c for c, st in zip(carry, stored) if st]
 
     if tables is not None and slots is None:
-        # Each tied to its leaf (so batched as it is): XLA would merge equal zero-filled slots
-        # of two forward sweeps (a loop's and its tangent's) into one buffer and copy it for
-        # each, a third buffer.
-        slots = [_zeros_after([a], (tables.n_slots,), [c])[0]
-                 for a, c in zip(snapshot(body.carry_avals), snapshot(carry))]
+        slots = _zeros(snapshot(body.carry_avals), (tables.n_slots,))
 
     def one(i, state):
         carry, ys_buf = state
@@ -559,7 +555,7 @@ def adjoint(body: Body, tables: Tables, consts, carry0, xs, snaps, carry_bar, ys
         return sweep(snaps[:-1], Offload(tables.offload, snaps[-1]))
 
     def own():
-        rows = _zeros_after(body.snapshot_avals, (tables.n_slots,), [*carry_bar, *carry0])
+        rows = zeros_after(body.snapshot_avals, (tables.n_slots,), [*carry_bar, *carry0])
         off = Offload.open(tables.offload) if tables.offload is not None else None
         _, _, laid = forward(body, tables.length, consts, carry0, xs, tables, ys=False,
                              slots=rows, batched=bool(axes), off=off)
@@ -588,7 +584,7 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
 
     def sweep_offloaded(handle, held, tags):
         steps.off = Offload(layout, handle, tags)
-        rows = _zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0])
+        rows = zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0])
         kbar, cbar, _ = _reverse(steps, Segments(n_slots, held, n_steps), body.snapshot(carry0),
                                  rows, carry_bar, consts_bar, [])
         steps.off.close()  # the last read of the store: release it
@@ -624,7 +620,7 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
 
     def own():
         state = (body.snapshot(carry0),
-                 _zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
+                 zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
                  jnp.full((n_slots,), -1, i32))
         start = 0
         for place, stop in _placement(n_slots, max_steps):

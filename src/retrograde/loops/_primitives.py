@@ -57,7 +57,7 @@ from jax.extend.core import Primitive
 from ..schedules import Schedule
 from . import _levels
 from ._body import Body, cut, is_float, jvp_body
-from ._execute import adjoint, adjoint_while, advance_steps, forward
+from ._execute import adjoint, adjoint_while, advance_steps, forward, zeros_after
 from ._offload import (
     Layout, Offload, release_with, stored_effects, two_level, unread_snapshots_dce,
 )
@@ -479,9 +479,18 @@ def _tan_impl(args, body, extent, has_snaps, masks, lay, axes):
     # With ``lay``, the child's stored leaves that are tangents (the primals' are in the
     # forward's snapshots): rows, then u_{N-1}.
     laid = [False] * body.nk + list(child.stored[body.nk :])
-    carry, ys, snaps = forward(child, extent.length, consts, carry, [*a.xs, *a.dxs],
-                               extent.tables() if lay else None, unroll=extent.unroll,
-                               batched=bool(axes), stored=laid)
+    tables = extent.tables() if lay else None
+    # Slots tied each to its tangent and that tangent's primal (batched as their union, see
+    # ``_tan_out_axes``): equal zero-filled slots of the loop's forward sweep would be merged
+    # with these into one buffer, copied for each (a third buffer).
+    primal_of = [i for i, m in enumerate(masks[1]) if m]
+    slots = None
+    if lay:
+        slots = [zeros_after([v.aval], (tables.n_slots,), [v, carry[i]])[0]
+                 for v, i, st in zip(carry[body.nk :], primal_of, laid[body.nk :]) if st]
+    carry, ys, snaps = forward(child, extent.length, consts, carry, [*a.xs, *a.dxs], tables,
+                               slots=slots, unroll=extent.unroll, batched=bool(axes),
+                               stored=laid)
     return [*carry[body.nk :], *ys[body.ny :], *snaps]
 
 
@@ -510,7 +519,8 @@ def _lowering(impl):
 mlir.register_lowering(fwd_p, _lowering(_fwd_impl))
 mlir.register_lowering(tan_p, _lowering(_tan_impl))
 mlir.register_lowering(adj_p, _lowering(_adj_impl))
-mlir.register_lowering(adjt_p, _lowering(lambda args, axes, **params: _adjt_impl(args, **params)))
+mlir.register_lowering(adjt_p,
+                       _lowering(lambda args, axes, **params: _adjt_impl(args, **params)))
 
 
 # ----------------------------------------------------------------------------- building blocks
