@@ -222,10 +222,13 @@ class AdjArgs(NamedTuple):
 
     @classmethod
     def of(cls, args, body: Body, extent: Extent, has_snaps: bool, ymask):
-        return _groups(cls, args, [
-            extent.n_steps_inputs, body.nc, body.nk, body.nx,
-            extent.n_snapshots(body) if has_snaps else 0, _n_float(body.carry_avals), sum(ymask),
-        ])
+        return _groups(cls, args, cls.sizes(body, extent, has_snaps, ymask))
+
+    @staticmethod
+    def sizes(body: Body, extent: Extent, has_snaps: bool, ymask) -> list[int]:
+        return [extent.n_steps_inputs, body.nc, body.nk, body.nx,
+                extent.n_snapshots(body) if has_snaps else 0, _n_float(body.carry_avals),
+                sum(ymask)]
 
     @property
     def z(self):
@@ -265,20 +268,14 @@ class AdjOuts(NamedTuple):
 
 
 class AdjTanArgs(NamedTuple):
-    """Inputs of ``adjt_p``: the primal groups of :class:`AdjArgs`, then the tangents that are
-    not symbolic zeros, selected by ``masks``, one mask per group: consts, carry, xs,
-    carry_bar, ys_bar. With ``has_snaps``, ``snaps`` are the forward sweep's snapshots and
-    ``dsnaps`` their tangents on the float stored leaves (rows, then ``u_{N-1}``), laid by the
-    forward's ``tan_p``: together the augmented sweep's snapshots. Without, both sweeps lay
+    """Inputs of ``adjt_p``: ``primal``, the groups of :class:`AdjArgs`, then the tangents that
+    are not symbolic zeros, selected by ``masks``, one mask per group: consts, carry, xs,
+    carry_bar, ys_bar. With ``has_snaps``, ``primal.snaps`` are the forward sweep's snapshots
+    and ``dsnaps`` their tangents on the float stored leaves (rows, then ``u_{N-1}``), laid by
+    the forward's ``tan_p``: together the augmented sweep's snapshots. Without, both sweeps lay
     their own."""
 
-    steps: list
-    consts: list
-    carry: list
-    xs: list
-    snaps: list
-    carry_bar: list
-    ys_bar: list
+    primal: AdjArgs
     dconsts: list
     dcarry: list
     dxs: list
@@ -288,12 +285,15 @@ class AdjTanArgs(NamedTuple):
 
     @classmethod
     def of(cls, args, body: Body, extent: Extent, has_snaps: bool, ymask, masks):
+        n_primal = sum(AdjArgs.sizes(body, extent, has_snaps, ymask))
         n_float = sum(st and is_float(a) for st, a in zip(body.stored, body.carry_avals))
-        return _groups(cls, args, [
-            extent.n_steps_inputs, body.nc, body.nk, body.nx,
-            extent.n_snapshots(body) if has_snaps else 0, _n_float(body.carry_avals),
-            sum(ymask), *(sum(m) for m in masks), 2 * n_float if has_snaps else 0,
-        ])
+        tangents = cut(args[n_primal:], [*(sum(m) for m in masks),
+                                         2 * n_float if has_snaps else 0])
+        assert n_primal + sum(map(len, tangents)) == len(args), (len(args), n_primal)
+        return cls(AdjArgs.of(args[:n_primal], body, extent, has_snaps, ymask), *tangents)
+
+    def flat(self) -> list:
+        return _flat(self.primal) + _flat(self[1:])
 
     @classmethod
     def pack(cls, body: Body, a: AdjArgs, t: AdjArgs):
@@ -302,14 +302,14 @@ class AdjTanArgs(NamedTuple):
         groups = (t.consts, t.carry, t.xs, t.carry_bar, t.ys_bar)
         masks = tuple(tuple(_nz(v) for v in g) for g in groups)
         nonzero = [_pick(m, g) for m, g in zip(masks, groups)]
-        snaps, dsnaps = [], []
+        dsnaps = []
         if any(_nz(v) for v in t.snaps):
             ns = sum(body.stored)
             fs = [is_float(v) for v in body.snapshot_avals]
-            snaps = a.snaps
             dsnaps = [_inst(v) for v in _pick(fs, t.snaps[:ns]) + _pick(fs, t.snaps[ns:])]
-        return cls(a.steps, a.consts, a.carry, a.xs, snaps, a.carry_bar, a.ys_bar, *nonzero,
-                   dsnaps), masks
+        else:
+            a = a._replace(snaps=[])
+        return cls(a, *nonzero, dsnaps), masks
 
     def unpack(self, body: Body, extent: Extent, ymask, masks) -> tuple[AdjArgs, AdjArgs]:
         """The primals and tangents of ``adj_p``'s inputs (symbolic zeros off the masks; no
@@ -317,15 +317,13 @@ class AdjTanArgs(NamedTuple):
         x_avals = _xs_avals(body, extent.length) if not extent.dynamic else []
         y_avals = _floats_of(_ys_avals(body, extent.length) if not extent.dynamic else [],
                              body.y_avals)
-        a = AdjArgs(self.steps, self.consts, self.carry, self.xs, [], self.carry_bar,
-                    self.ys_bar)
         mc, mk, mx, mkb, myb = masks
         t = AdjArgs([], _expand(mc, self.dconsts, body.const_avals),
                     _expand(mk, self.dcarry, body.carry_avals), _expand(mx, self.dxs, x_avals),
                     [], _expand(mkb, self.dcarry_bar, _floats_of(body.carry_avals,
                                                                 body.carry_avals)),
                     _expand(myb, self.dys_bar, _pick(ymask, y_avals)))
-        return a, t
+        return self.primal._replace(snaps=[]), t
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -669,7 +667,7 @@ def _adj_jvp(primals, tangents, *, body, extent, has_snaps, ymask, keep, levels)
                          keep=keep, levels=())
         return out, [_zero(core.typeof(o)) for o in out]
     args, masks = AdjTanArgs.pack(body, a, t)
-    outs = adjt_p.bind(*_flat(args), body=body, extent=extent, has_snaps=bool(args.snaps),
+    outs = adjt_p.bind(*args.flat(), body=body, extent=extent, has_snaps=bool(args.dsnaps),
                        ymask=ymask, keep=keep, masks=masks, levels=())
     return cut(outs, [len(outs) // 2, len(outs) // 2])
 
@@ -703,7 +701,7 @@ def _adjt_impl(args, body, extent, has_snaps, ymask, keep, masks):
     snaps = []
     if has_snaps:  # the augmented body's snapshots: stored leaves, then their tangents
         ns, nd = sum(body.stored), len(g.dsnaps) // 2
-        snaps = g.snaps[:ns] + g.dsnaps[:nd] + g.snaps[ns:] + g.dsnaps[nd:]
+        snaps = g.primal.snaps[:ns] + g.dsnaps[:nd] + g.primal.snaps[ns:] + g.dsnaps[nd:]
     x_avals = _xs_avals(body, extent.length) if not extent.dynamic else []
 
     def forced(tangents, avals, mask):
@@ -1032,7 +1030,7 @@ def _adj_out_axes(data, dims, *, body, extent, has_snaps, ymask, keep):
 _levels.batcher(fwd_p, _fwd_out_axes)
 _levels.batcher(tan_p, _tan_out_axes)
 def _adjt_out_axes(data, dims, *, body, extent, has_snaps, ymask, keep, masks):
-    _unbatched_steps(AdjTanArgs.of(dims, body, extent, has_snaps, ymask, masks).steps)
+    _unbatched_steps(AdjTanArgs.of(dims, body, extent, has_snaps, ymask, masks).primal.steps)
     return [0] * (2 * len(_adj_outs(body, extent, keep)))
 
 
@@ -1046,8 +1044,7 @@ def _adjt_batch(data, args, dims, *, levels, **params):
     primal outputs must stay unbatched, so it runs split: one primal adjoint, unbatched."""
     d = AdjTanArgs.of(dims, params["body"], params["extent"], params["has_snaps"],
                       params["ymask"], params["masks"])
-    primal = [*d.steps, *d.consts, *d.carry, *d.xs, *d.snaps, *d.carry_bar, *d.ys_bar]
-    if any(v is not None for v in primal) or all(v is None for v in dims):
+    if any(v is not None for v in _flat(d.primal)) or all(v is None for v in dims):
         return _adjt_batched(data, args, dims, levels=levels, **params)
     n = len(_adj_outs(params["body"], params["extent"], params["keep"]))
     axes = [None] * n + [0] * n
