@@ -637,11 +637,11 @@ def _fwd_jvp(primals, tangents, *, body, extent, save, levels):
     # costs one extra forward sweep, at higher order only.
     # The snapshots' tangents are laid only for an adjoint that reads the snapshots (``save``).
     lay = save and extent.offload is None
-    tk, ty, *dsnaps = apply_tangent(body, extent, a, [] if save else snaps, t, lay=lay)
-    primal_out = [*carry, *ys] + (snaps if save else [])
-    if save and not lay:
-        dsnaps = [[_zero(core.typeof(v)) for v in snaps]]
-    return primal_out, [*tk, *ty, *(dsnaps[0] if save else [])]
+    tk, ty, *laid = apply_tangent(body, extent, a, [] if save else snaps, t, lay=lay)
+    if not save:
+        return [*carry, *ys], [*tk, *ty]
+    dsnaps = laid[0] if lay else [_zero(core.typeof(v)) for v in snaps]
+    return [*carry, *ys, *snaps], [*tk, *ty, *dsnaps]
 
 
 def _tan_jvp(primals, tangents, *, body, extent, has_snaps, masks, lay, levels):
@@ -686,6 +686,11 @@ def _adjt_split(args, body, extent, has_snaps, ymask, keep, masks):
     tangent = adjoint_tangent(body, extent, a.z, (t.consts, t.carry, t.xs), w, dw, a.steps,
                               keep)
     return [*out, *_flat(tangent)]
+
+
+def _adjt_split_under(levels, params):
+    """:func:`_adjt_split` under the batch levels of an ``adjt_p`` (a function of its inputs)."""
+    return _levels.vmapped(lambda *args: _adjt_split(args, **params), levels)
 
 
 def _adjt_impl(args, body, extent, has_snaps, ymask, keep, masks):
@@ -747,7 +752,7 @@ def _adjt_partial_eval(trace, *tracers, levels, **params):
     if all(t.pval.is_known() for t in tracers):
         return trace.default_process_primitive(adjt_p, tracers, dict(params, levels=levels))
     with core.set_current_trace(trace):
-        return _levels.vmapped(lambda *args: _adjt_split(args, **params), levels)(*tracers)
+        return _adjt_split_under(levels, params)(*tracers)
 
 
 pe.custom_partial_eval_rules[adjt_p] = _adjt_partial_eval
@@ -757,8 +762,7 @@ def _adjt_partial_eval_custom(saveable, unks_in, inst_in, eqn):
     """As :func:`_adjt_partial_eval` for a jaxpr (``jax.checkpoint``): the split as a call."""
     params = dict(eqn.params)
     levels = params.pop("levels")
-    split = _levels.vmapped(lambda *args: _adjt_split(args, **params), levels)
-    closed = jax.make_jaxpr(split)(*(v.aval for v in eqn.invars))
+    closed = jax.make_jaxpr(_adjt_split_under(levels, params))(*(v.aval for v in eqn.invars))
     call = eqn.replace(primitive=core.closed_call_p, params=dict(call_jaxpr=closed))
     return pe.partial_eval_jaxpr_custom_rules[core.closed_call_p](saveable, unks_in, inst_in,
                                                                   call)
@@ -1048,10 +1052,9 @@ def _adjt_batch(data, args, dims, *, levels, **params):
         return _adjt_batched(data, args, dims, levels=levels, **params)
     n = len(_adj_outs(params["body"], params["extent"], params["keep"]))
     axes = [None] * n + [0] * n
-    split = _levels.vmapped(lambda *a: _adjt_split(a, **params), levels)
     name = None if data.name is core.no_axis_name else data.name
-    outs = jax.vmap(split, in_axes=list(dims), out_axes=axes, axis_size=data.size,
-                    axis_name=name, spmd_axis_name=data.spmd_name)(*args)
+    outs = jax.vmap(_adjt_split_under(levels, params), in_axes=list(dims), out_axes=axes,
+                    axis_size=data.size, axis_name=name, spmd_axis_name=data.spmd_name)(*args)
     return outs, axes
 
 
