@@ -471,6 +471,19 @@ class _RowSource:
                          jnp.where(i == 0, own, self.order[jnp.clip(f - i, 0, top)]))
 
 
+def _once(pred, f, operands):
+    """``f(operands)`` inside a loop that runs once: ``pred`` is true whenever this runs, which
+    XLA cannot know, so the loop stays. Its body is a thunk sequence of its own: XLA's CPU
+    runtime runs a loop body of more than 8 thunks that touches buffers over 512 bytes on its
+    concurrent executor, which costs about a microsecond per iteration more than running it in
+    order, so grouping a part in such a loop can keep both bodies within 8 thunks."""
+
+    def body(c):
+        return False, f(c[1])
+
+    return lax.while_loop(lambda c: c[0], body, (pred, operands))[1]
+
+
 def _reverse(steps: _Steps, source, cur, slots, kbar, cbar, xbar):
     """Execute the macro-actions of ``source`` from the state ``cur`` and snapshot rows
     ``slots``. One iteration per leaf: the moves before it (the cotangents are not operands),
@@ -487,7 +500,8 @@ def _reverse(steps: _Steps, source, cur, slots, kbar, cbar, xbar):
 
     def move(c):
         m, act, cur, slots = c
-        cur, slots = steps.move(machine.Action(*act), cur, slots)
+        cur, slots = _once(act[0] == machine.MOVE,
+                           lambda cs: steps.move(machine.Action(*act), *cs), (cur, slots))
         return (*next_action(m), cur, slots)
 
     def one_leaf(c):
