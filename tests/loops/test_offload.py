@@ -46,13 +46,15 @@ def disk(slots, cost=2.0, **kw):
 
 # Every shape of offline plan: the chain (segments on an unlimited disk), the exhaustive DP
 # (starts moved between levels in the reverse sweep), three levels, a pool of fast slots split
-# across device and host (equal costs), and no device level at all.
+# across device and host (equal costs), no device level at all, and every state on the host (a
+# store at every step of the forward sweep).
 OFFLINE = {
     "disk_chain": MultiLevel([Level(2), disk(None)]),
     "host_exact": MultiLevel([Level(2), host(3)]),
     "three_levels": MultiLevel([Level(2), host(2, 0.5), disk(None)]),
     "pooled": MultiLevel([Level(2), Level(2, name="host", storage="host")]),
     "host_only": MultiLevel([host(3, 0.0)]),
+    "host_all": MultiLevel([host(None, 0.0)]),
 }
 TWO_LEVEL = {
     "host": Online(2, slow=host(5)),
@@ -134,7 +136,7 @@ def _orders_reference():
     return _orders(P.lax_scan)(*_order_args())
 
 
-@pytest.mark.parametrize("name", ["host_exact", "disk_chain"])
+@pytest.mark.parametrize("name", ["host_exact", "disk_chain", "host_all"])
 def test_higher_orders(name):
     got = _orders(P.rscan(OFFLINE[name]))(*_order_args())
     ref = _orders_reference()
@@ -214,7 +216,7 @@ def test_while_batched_predicate_and_traced_fori_loop():
 
 # ----------------------------------------------------------------------------- counts
 
-@pytest.mark.parametrize("name", ["disk_chain", "host_exact", "three_levels"])
+@pytest.mark.parametrize("name", ["disk_chain", "host_exact", "three_levels", "host_all"])
 def test_counts_equal_simulate(name, monkeypatch):
     """Evaluations ``plain + 1 + N``; writes and reads on every level (device ones counted by a
     callback on each device-slot access) equal ``simulate``'s."""

@@ -127,7 +127,9 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
 
     With ``m`` stores, ``m <= N / DENSE`` and ``unroll == 1``, the steps between two stores run
     as a plain inner loop (one outer iteration per store), so a step costs what it costs
-    without snapshots; otherwise each step tests whether its state is stored."""
+    without snapshots; with every state stored (``StoreAll``) each step stores without a test;
+    otherwise each step tests whether its state is stored (a conditional in the loop body, which
+    is then over XLA CPU's 8-thunk limit: see :func:`_once`)."""
     n = tables.length if tables is not None else length
     step = body.runner(batched)
     ys_buf = _zeros(body.y_avals, (n,)) if ys else []
@@ -150,20 +152,21 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
         carry, ys_buf = lax.fori_loop(0, n, one, (list(carry), ys_buf), unroll=unroll)
         return carry, ys_buf, []
 
-    def keep(k, i, carry, slots, hit=True):
-        """``slots`` with ``u_i`` (``carry``) in slot ``k`` if ``hit``; an offloaded slot's
-        snapshot goes to its store."""
+    def keep(k, i, carry, slots, hit=None):
+        """``slots`` with ``u_i`` (``carry``) in slot ``k`` if ``hit`` (``None``: always, with no
+        test); an offloaded slot's snapshot goes to its store."""
         snap = snapshot(carry)
         if off is not None:
-            k = off.keep(k, snap, i, hit)
-            hit = hit & (k >= 0)
-        return _put_if(hit, slots, snap, k)
+            k = off.keep(k, snap, i, True if hit is None else hit)
+            hit = (k >= 0) if hit is None else hit & (k >= 0)
+        return _put(slots, snap, k) if hit is None else _put_if(hit, slots, snap, k)
 
     at_steps = np.asarray(tables.store_steps, np.int32)
     at_slots = np.asarray(tables.store_slots, np.int32)
     m = len(at_steps)
     state = (list(carry), ys_buf)
     nested = unroll == 1 and m * DENSE <= n
+    every = m == n - 1 and bool((at_steps == np.arange(m)).all())
     if nested:
         steps, where = jnp.asarray(at_steps), jnp.asarray(at_slots)
 
@@ -178,6 +181,14 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
             state, slots = lax.fori_loop(0, m, segment, (state, list(slots)))
         start = int(at_steps[-1]) if m else 0
         state = lax.fori_loop(start, n - 1, one, state)
+    elif every:  # u_0 .. u_{N-2} all stored (StoreAll): nothing to test per step
+        where = jnp.asarray(at_slots)
+
+        def advance(i, st):
+            state, slots = st
+            return one(i, state), keep(where[i], i, state[0], slots)
+
+        state, slots = lax.fori_loop(0, n - 1, advance, (state, list(slots)), unroll=unroll)
     else:
         steps = jnp.asarray(np.append(at_steps, n).astype(np.int32))
         where = jnp.asarray(np.append(at_slots, 0).astype(np.int32))
