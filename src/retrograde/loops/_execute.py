@@ -125,9 +125,10 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
 
     With ``m`` stores, ``m <= N / DENSE`` and ``unroll == 1``, the steps between two stores run
     as a plain inner loop (one outer iteration per store), so a step costs what it costs
-    without snapshots; with every state stored (``StoreAll``) each step stores without a test;
-    otherwise each step tests whether its state is stored (a conditional in the loop body, which
-    is then over XLA CPU's 8-thunk limit: see :func:`_once`)."""
+    without snapshots. Otherwise each step tests whether its state is stored (a conditional):
+    with more stores, by reading its slot off a table of ``N - 1`` (the stores are ``O(N)``
+    already), which keeps the loop body within XLA CPU's 8 thunks (see :func:`_once`); with
+    every state stored (``StoreAll``), with no test."""
     n = tables.length if tables is not None else length
     step = body.runner(batched)
     ys_buf = _zeros(body.y_avals, (n,)) if ys else []
@@ -164,7 +165,6 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
     m = len(at_steps)
     state = (list(carry), ys_buf)
     nested = unroll == 1 and m * DENSE <= n
-    every = m == n - 1 and bool((at_steps == np.arange(m)).all())
     if nested:
         steps, where = jnp.asarray(at_steps), jnp.asarray(at_slots)
 
@@ -179,15 +179,7 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
             state, slots = lax.fori_loop(0, m, segment, (state, list(slots)))
         start = int(at_steps[-1]) if m else 0
         state = lax.fori_loop(start, n - 1, one, state)
-    elif every:  # u_0 .. u_{N-2} all stored (StoreAll): nothing to test per step
-        where = jnp.asarray(at_slots)
-
-        def advance(i, st):
-            state, slots = st
-            return one(i, state), keep(where[i], i, state[0], slots)
-
-        state, slots = lax.fori_loop(0, n - 1, advance, (state, list(slots)), unroll=unroll)
-    else:
+    elif m * DENSE <= n:  # few stores, unrolled steps: a pointer to the next store point
         steps = jnp.asarray(np.append(at_steps, n).astype(np.int32))
         where = jnp.asarray(np.append(at_slots, 0).astype(np.int32))
 
@@ -200,6 +192,19 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
         # The last step is taken apart: its state u_{N-1} is the reverse sweep's first.
         state, slots, _ = lax.fori_loop(0, n - 1, advance, (state, list(slots), i32(0)),
                                         unroll=unroll)
+    elif n > 1:  # many stores: each step's slot (-1: none) read off a table of N - 1
+        slot_of = np.full(n - 1, -1, np.int32)
+        below = at_steps < n - 1
+        slot_of[at_steps[below]] = at_slots[below]
+        every = bool((slot_of >= 0).all())  # StoreAll: no test per step
+        where = jnp.asarray(slot_of)
+
+        def advance(i, st):
+            state, slots = st
+            k = where[i]
+            return one(i, state), keep(k, i, state[0], slots, None if every else k >= 0)
+
+        state, slots = lax.fori_loop(0, n - 1, advance, (state, list(slots)), unroll=unroll)
     if not nested and m and int(at_steps[-1]) == n - 1:  # u_{N-1} is stored as well
         slots = keep(jnp.asarray(at_slots[-1]), n - 1, state[0], slots)
     last = snapshot(state[0])
