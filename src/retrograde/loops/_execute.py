@@ -57,7 +57,9 @@ def _store(slots, k, values, off: Offload | None = None, step=None):
     an offloaded slot's state (``u_step``) goes to its store instead."""
     if off is not None:
         k = off.keep(k, values, step)
-    return _put_if(k >= 0, slots, values, jnp.maximum(k, 0))
+    j = jnp.maximum(k, 0)
+    old = _slice(slots, j)
+    return _put(slots, [jnp.where(k >= 0, v, o) for v, o in zip(values, old)], j)
 
 
 def _put_if(pred, buffers, values, k):
