@@ -491,8 +491,8 @@ def _once(pred, f, operands):
     """``f(operands)`` inside a loop that runs once: ``pred`` is true whenever this runs, which
     XLA cannot know, so the loop stays. Its body is a thunk sequence of its own: XLA's CPU
     runtime runs a loop body of more than 8 thunks that touches buffers over 512 bytes on its
-    concurrent executor, which costs about a microsecond per iteration more than running it in
-    order, so grouping a part in such a loop can keep both bodies within 8 thunks."""
+    concurrent executor, which costs more per iteration than running it in order
+    (docs/performance.md), so grouping a part in such a loop can keep both bodies within 8."""
 
     def body(c):
         return False, f(c[1])
