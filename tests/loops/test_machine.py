@@ -29,19 +29,19 @@ from retrograde.schedules import (
 CAPACITY = 3000
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5))
-def _run(n_slots, steps, slots, n_held, n, at_hand):
+@functools.partial(jax.jit, static_argnums=(0, 5, 6))
+def _run(n_slots, steps, slots, n_held, n, at_hand, windows=False):
     """Every action of the machine, with the slots of each leaf."""
     state = M.init(n_slots, steps, slots, n_held, n, at_hand)
     acts = jnp.full((CAPACITY, 7), -1, jnp.int32)
-    idxs = jnp.full((CAPACITY, n_slots + 1), -1, jnp.int32)
+    idxs = jnp.full((CAPACITY, 2 * n_slots + 2), -1, jnp.int32)
 
     def go(c):
         return ~M.done(c[0]) & (c[3] < CAPACITY)
 
     def one(c):
         st, acts, idxs, i = c
-        st, a = M.step(st)
+        st, a = M.step(st, windows)
         return st, acts.at[i].set(jnp.stack(a)), idxs.at[i].set(M.leaf_slots(st)), i + 1
 
     _, acts, idxs, count = jax.lax.while_loop(go, one, (state, acts, idxs, jnp.int32(0)))
@@ -71,6 +71,11 @@ def expand(acts, idxs, held):
             if st >= 0:
                 store(b, st)
             continue
+        if kind == M.PAIRS:  # from each u_a (held), lowest first, advance and store u_{a+1}
+            for k in range(a, b, 2):
+                out += [Restore(k, idx[k - a], 0), Advance(k, k + 1)]
+                if k + 1 < b - 1:
+                    store(k + 1, idx[k + 1 - a])
         for k in range(first, b - 1):
             store(k, idx[k - a])
             out.append(Advance(k, k + 1))
@@ -81,7 +86,7 @@ def expand(acts, idxs, held):
     return out + [End()]
 
 
-def machine_stats(n, n_slots, held, at_hand):
+def machine_stats(n, n_slots, held, at_hand, windows=False):
     """Run the machine from ``held`` ({slot: step}; with ``at_hand``, ``u_{n-1}`` is the state at
     hand) and simulate what it does, the forward sweep included."""
     pairs = sorted((p, k) for k, p in held.items())
@@ -89,7 +94,7 @@ def machine_stats(n, n_slots, held, at_hand):
     steps = jnp.asarray([p for p, _ in pairs] + [0] * pad, jnp.int32)
     slots = jnp.asarray([k for _, k in pairs] + [0] * pad, jnp.int32)
     acts, idxs, count = (np.asarray(v) for v in _run(n_slots, steps, slots, len(pairs), n,
-                                                     at_hand))
+                                                     at_hand, windows))
     assert count < CAPACITY
     forward, at = [], 0
     for p, k in pairs:
@@ -128,19 +133,40 @@ def test_store_all_is_one_leaf():
     assert count == 2  # the leaf, then DONE
 
 
-@pytest.mark.parametrize("s", [1, 2, 4, 8])
+@pytest.mark.parametrize("s", [1, 2, 4, 8, 40])
 def test_machine_reverses_online_placements(s):
     """From the snapshots ``Online(s)`` places (no state at hand), the machine makes exactly the
-    evaluations of the Python online reversal."""
-    for n in (1, 2, 5, 30, 257):
+    evaluations of the Python online reversal, also with ``PAIRS`` leaves (as ``while_loop``
+    runs it), which make fewer macro-actions."""
+    for n in (1, 2, 5, 30, 257, 700):
         held = [-1] * s
         for step in range(n):
             k = online_store_slot(step, held, s)
             if k >= 0:
                 held[k] = step
-        stats, _ = machine_stats(n, s, {k: p for k, p in enumerate(held) if p >= 0}, False)
+        held = {k: p for k, p in enumerate(held) if p >= 0}
         want = simulate(Online(s), n)
+        stats, count = machine_stats(n, s, held, False)
         assert (stats.plain, stats.recorded) == (want.plain, want.recorded), (n, s)
+        stats, fewer = machine_stats(n, s, held, False, windows=True)
+        assert (stats.plain, stats.recorded) == (want.plain, want.recorded), (n, s)
+        assert fewer <= count
+        if (s, n) == (40, 700):  # 17 two-step segments end this loop: 1 + 2 + 4 + 8 + 2
+            assert fewer == count - 12
+
+
+def test_pairs_leaves_take_runs_of_two_step_segments():
+    """A two-step task takes the two-step segments below it along, up to the first that is
+    longer and as far as the free slots allow; their slots return to the free list, where a
+    later leaf finds them."""
+    n_slots = 10
+    # Segments of 10, 2, 2, 2, 1, 2, 2, 2, 2 steps; one free slot.
+    held = dict(enumerate([0, 10, 12, 14, 16, 17, 19, 21, 23]))
+    for at_hand in (False, True):
+        stats, count = machine_stats(25, n_slots, held, at_hand, windows=True)
+        want, plain_count = machine_stats(25, n_slots, held, at_hand)
+        assert (stats.plain, stats.recorded) == (want.plain, want.recorded)
+        assert count < plain_count
 
 
 @pytest.mark.parametrize("s, steps", [(1, 250), (2, 250), (4, 250), (8, 250), (40, 700)])

@@ -429,6 +429,21 @@ class _Steps:
 
         return lax.fori_loop(act.first, act.stop - 1, one, (cur, slots))
 
+    def pairs_forward(self, act, idx, cur, slots):
+        """A ``PAIRS`` leaf's forward part (nothing for other actions): for each two-step
+        segment ``[a, a + 2)``, lowest first, advance from ``u_a`` (in its slot) and store
+        ``u_{a+1}``, the last at hand. Each store happens a trip later, as a select (a no-op on
+        the first trip): no conditional in the loop body."""
+
+        def one(p, cs):
+            cur, slots = cs
+            slots = _store(slots, jnp.where(p > 0, idx[2 * p - 1], -1), cur)
+            a = act.start + 2 * p
+            return self.step(_slice(slots, idx[2 * p]), a), slots
+
+        w = jnp.where(act.kind == machine.PAIRS, (act.stop - act.start) // 2, 0)
+        return lax.fori_loop(0, w, one, (cur, slots))
+
     def leaf_records(self, act, idx, cur, slots, kbar, cbar, xbar):
         """A leaf's records, last step first: the last from the state at hand (or its slot, if
         the leaf's last state is held), the others each straight from its slot (no state carried
@@ -445,12 +460,16 @@ class _Steps:
 
 
 class _Binomial:
-    """Macro-actions from the in-graph binomial machine."""
+    """Macro-actions from the in-graph binomial machine; with ``windows``, also ``PAIRS``
+    leaves (:mod:`._machine`)."""
 
-    def __init__(self, n_slots, steps, slots, n_held, n_steps, at_hand):
+    def __init__(self, n_slots, steps, slots, n_held, n_steps, at_hand, windows=False):
         self.state = machine.init(n_slots, steps, slots, n_held, n_steps, at_hand)
+        self.windows = windows
 
-    step = staticmethod(machine.step)
+    def step(self, st):
+        return machine.step(st, self.windows)
+
     leaf_slots = staticmethod(machine.leaf_slots)
 
 
@@ -458,6 +477,8 @@ class _RowSource:
     """Macro-actions read off a table of rows: the machine's own (with where its leaves keep
     their states, see :class:`._tables.Tables`), or translated from a schedule's actions (each
     leaf records one step, at hand)."""
+
+    windows = False  # no PAIRS leaves (see _Binomial)
 
     def __init__(self, tables: Tables):
         self.rows = jnp.asarray(tables.rows, i32)
@@ -526,6 +547,8 @@ def _reverse(steps: _Steps, source, cur, slots, kbar, cbar, xbar):
         act = machine.Action(*act)
         idx = source.leaf_slots(m)
         cur, slots = steps.leaf_forward(act, idx, cur, slots)
+        if source.windows:
+            cur, slots = steps.pairs_forward(act, idx, cur, slots)
         kbar, cbar, xbar = steps.leaf_records(act, idx, cur, slots, kbar, cbar, xbar)
         return (*next_action(m), cur, slots, kbar, cbar, xbar)
 
@@ -623,7 +646,8 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
     def sweep(slots, held):
         order = jnp.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held)).astype(i32)
         count = jnp.sum(held >= 0, dtype=i32)
-        source = _Binomial(n_slots, held[order], order, count, n_steps, at_hand=False)
+        source = _Binomial(n_slots, held[order], order, count, n_steps, at_hand=False,
+                           windows=True)
         kbar, cbar, _ = _reverse(steps, source, body.snapshot(carry0), slots, carry_bar,
                                  consts_bar, [])
         return cbar, kbar

@@ -19,6 +19,16 @@ Each :func:`step` emits one :class:`Action`:
   the loop (``first = stop - 1``: their states are held already).
 - ``DONE``: nothing is left.
 
+With ``windows`` (static), a two-step task also takes along the run of two-step segments
+directly below it on the stack (``[a, a + 2)`` with ``u_a`` held), which the Online rule places
+where a loop ends, as far as the free slots allow (``w - 1`` of them for ``w`` segments):
+
+- ``PAIRS``: reverse ``[start, stop)``, ``w = (stop - start) / 2`` two-step segments, at once:
+  for each, lowest first, restore ``u_a`` from its slot and advance one step, storing ``u_{a+1}``
+  in a free slot (the last one stays at hand); then record every step, as a leaf does, from the
+  slots ``idx`` (:func:`leaf_slots`). The evaluations of ``w`` leaves in one macro-action, and
+  the free slots grow as the segments are done, so a run of ``m`` takes ``O(log m)`` of them.
+
 So a reversal's per-step work runs in plain loops (a leaf's forward and its records); the
 machine runs once per split, per leaf and per recomputation of a one-slot segment.
 
@@ -37,19 +47,20 @@ from ._binomial import largest_split
 
 i32 = jnp.int32
 
-MOVE, LEAF, DONE = 0, 1, 2
+MOVE, LEAF, DONE, PAIRS = 0, 1, 2, 3
 # Task kinds on the stack: reverse a segment; release a slot (always directly above a segment).
 T_SEGMENT, T_FREE = 0, 1
 # Phases: the trailing leaf, take a task, work on it, recompute a one-slot segment step by step,
 # record the last step of a split whose right part is one step, done.
 P_TRAIL, P_POP, P_TASK, P_S1, P_LAST, P_DONE = 0, 1, 2, 3, 4, 5
-# Leaf slot kinds: the task's own slot, then free slots; or a window of held slots.
-L_FREE, L_HELD = 0, 1
+# Leaf slot kinds: the task's own slot, then free slots; a window of held slots; or two-step
+# segments, their held slots interleaved with free ones.
+L_FREE, L_HELD, L_PAIRS = 0, 1, 2
 
 # The scalar registers travel packed in one int32 vector: a loop carrying the machine copies and
 # selects one small array per step instead of a dozen scalars (each its own XLA thunk).
 REGISTERS = ("a", "b", "s", "slot_a", "at_hand", "k", "adv", "phase", "sp", "fp", "lkind",
-             "lbase")
+             "lbase", "taken")
 _FLAGS = ("at_hand", "adv")
 
 
@@ -105,7 +116,7 @@ def init(n_slots: int, steps, slots, n_held, n_steps, at_hand: bool):
     regs = dict(
         a=last_end, b=n_steps, s=i32(1), slot_a=i32(0), at_hand=False, adv=False,
         phase=jnp.where(trail > 0, P_TRAIL, P_POP), sp=2 * n_seg - 2, fp=n_free,
-        lkind=i32(L_HELD), lbase=n_seg, k=hand,
+        lkind=i32(L_HELD), lbase=n_seg, k=hand, taken=i32(0),
     )
     return _pack(regs, stack=stack, free=free, held=slots)
 
@@ -135,13 +146,21 @@ def done(st):
 
 
 def leaf_slots(st):
-    """int32[S + 1]: the slot of each state of the leaf just emitted (entry ``i`` holds
+    """int32[2 S + 2]: the slot of each state of the leaf just emitted (entry ``i`` holds
     ``u_{start + i}``; the last state's entry is unused when it is at hand)."""
     r = _unpack(st)
-    i = jnp.arange(st["free"].shape[0] + 1, dtype=i32)
-    own = jnp.where(i == 0, r["slot_a"], _take(st["free"], r["fp"] - i))
+    n_slots = st["free"].shape[0]
+    i = jnp.arange(2 * n_slots + 2, dtype=i32)
+    fp = r["fp"] - r["taken"]  # the free list as the leaf found it (before its releases)
+    own = jnp.where(i == 0, r["slot_a"], _take(st["free"], fp - i))
     held = _take(st["held"], r["lbase"] + i)
-    return jnp.where(r["lkind"] == L_HELD, held, own)
+    # PAIRS: segment q from the top (q = 0 the task's own) holds u_a in its slot; u_{a+1} of
+    # the p-th from the bottom goes to the free slot fp - 1 - p.
+    q, p = r["taken"] - i // 2, i // 2
+    seg = _take(st["stack"], r["lbase"] - 2 * (q - 1))[:, 3]
+    pairs = jnp.where(i % 2 == 0, jnp.where(q == 0, r["slot_a"], seg),
+                      _take(st["free"], fp - 1 - p))
+    return jnp.where(r["lkind"] == L_HELD, held, jnp.where(r["lkind"] == L_PAIRS, pairs, own))
 
 
 def _action(kind, restore=-1, start=0, stop=0, first=0, store=-1, fresh=False):
@@ -149,8 +168,10 @@ def _action(kind, restore=-1, start=0, stop=0, first=0, store=-1, fresh=False):
                                                           fresh)))
 
 
-def step(st):
-    """Emit the next action. Returns ``(new_state, action)``."""
+def step(st, windows=False):
+    """Emit the next action. Returns ``(new_state, action)``. With ``windows`` (static), a
+    two-step leaf takes the run of two-step segments below it along, as a ``PAIRS`` leaf (see
+    the module docstring)."""
     r = _unpack(st)
     stack, free = st["stack"], st["free"]
     phase = r["phase"]
@@ -176,6 +197,9 @@ def step(st):
     for k, out in ((P_TRAIL, _trail(regs)), (P_TASK, task_out), (P_S1, _s1(regs)),
                    (P_LAST, _last(regs))):
         new, action = _select(regs["phase"] == k, out, (new, action))
+    new = dict(new, taken=i32(0))
+    if windows:
+        new, action, free = _pairs(regs, new, action, stack, free)
     # A split pushes its left part and the release of the right part's slot.
     pushed = (regs["phase"] == P_TASK) & splits
     stack = _write(stack, regs["sp"] + 1,
@@ -183,6 +207,31 @@ def step(st):
                            T_FREE, action.stop, action.stop, action.store], (2, 4)),
                    pushed)
     return _pack(new, stack=stack, free=free, held=st["held"]), action
+
+
+def _pairs(r, new, action, stack, free):
+    """Make a two-step leaf taken off the stack (``r``: the registers it was taken with) a
+    ``PAIRS`` leaf over the run of two-step segments below it: stack rows ``sp - 2 i`` (the
+    release of the slot of the segment above) and ``sp - 1 - 2 i`` (the segment), as many as
+    the free slots allow. Returns ``(new, action, free)``: the segments taken off the stack and
+    all their slots but the lowest one's back in the free list (that one is released when the
+    next task is popped, as for any segment)."""
+    sp, fp = r["sp"], r["fp"]
+    i = jnp.arange(stack.shape[0] // 2, dtype=i32)
+    rel, seg = _take(stack, sp - 2 * i), _take(stack, sp - 1 - 2 * i)
+    ok = ((sp - 1 - 2 * i >= 0) & (rel[:, 0] == T_FREE) & (seg[:, 0] == T_SEGMENT)
+          & (seg[:, 2] - seg[:, 1] == 2))
+    below = jnp.sum(jnp.cumprod(ok.astype(i32)), dtype=i32)
+    two = (r["phase"] == P_TASK) & (action.kind == LEAF) & (action.stop - action.start == 2)
+    taken = jnp.where(two, jnp.minimum(below, fp), 0)  # a free slot for each but the top one
+    b = action.stop
+    pairs = _action(PAIRS, start=b - 2 * (taken + 1), stop=b, first=b - 1, fresh=True)
+    action = _select(taken > 0, pairs, action)
+    free = free.at[jnp.where(i < taken, fp + i, free.shape[0])].set(rel[:, 3], mode="drop")
+    new = dict(new, taken=taken, sp=new["sp"] - 2 * taken, fp=new["fp"] + taken,
+               lkind=jnp.where(taken > 0, L_PAIRS, new["lkind"]),
+               lbase=jnp.where(taken > 0, sp - 1, new["lbase"]))
+    return new, action, free
 
 
 def _trail(r):

@@ -651,6 +651,8 @@ class Segments:
     State: the segment index and the machine (``O(n_device)`` integers).
     """
 
+    windows = False  # no PAIRS leaves (see _execute._Binomial)
+
     def __init__(self, n_device: int, held, n_steps):
         big = jnp.iinfo(jnp.int32).max
         self.order = jnp.argsort(jnp.where(held < 0, big, held)).astype(i32)
