@@ -30,7 +30,7 @@ CAPACITY = 3000
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5, 6))
-def _run(n_slots, steps, slots, n_held, n, at_hand, windows=False):
+def _run(n_slots, steps, slots, n_held, n, at_hand, with_pairs=False):
     """Every action of the machine, with the slots of each leaf."""
     state = M.init(n_slots, steps, slots, n_held, n, at_hand)
     acts = jnp.full((CAPACITY, 7), -1, jnp.int32)
@@ -41,7 +41,7 @@ def _run(n_slots, steps, slots, n_held, n, at_hand, windows=False):
 
     def one(c):
         st, acts, idxs, i = c
-        st, a = M.step(st, windows)
+        st, a = M.step(st, with_pairs)
         return st, acts.at[i].set(jnp.stack(a)), idxs.at[i].set(M.leaf_slots(st)), i + 1
 
     _, acts, idxs, count = jax.lax.while_loop(go, one, (state, acts, idxs, jnp.int32(0)))
@@ -86,7 +86,7 @@ def expand(acts, idxs, held):
     return out + [End()]
 
 
-def machine_stats(n, n_slots, held, at_hand, windows=False):
+def machine_stats(n, n_slots, held, at_hand, with_pairs=False):
     """Run the machine from ``held`` ({slot: step}; with ``at_hand``, ``u_{n-1}`` is the state at
     hand) and simulate what it does, the forward sweep included."""
     pairs = sorted((p, k) for k, p in held.items())
@@ -94,7 +94,7 @@ def machine_stats(n, n_slots, held, at_hand, windows=False):
     steps = jnp.asarray([p for p, _ in pairs] + [0] * pad, jnp.int32)
     slots = jnp.asarray([k for _, k in pairs] + [0] * pad, jnp.int32)
     acts, idxs, count = (np.asarray(v) for v in _run(n_slots, steps, slots, len(pairs), n,
-                                                     at_hand, windows))
+                                                     at_hand, with_pairs))
     assert count < CAPACITY
     forward, at = [], 0
     for p, k in pairs:
@@ -148,7 +148,7 @@ def test_machine_reverses_online_placements(s):
         want = simulate(Online(s), n)
         stats, count = machine_stats(n, s, held, False)
         assert (stats.plain, stats.recorded) == (want.plain, want.recorded), (n, s)
-        stats, fewer = machine_stats(n, s, held, False, windows=True)
+        stats, fewer = machine_stats(n, s, held, False, with_pairs=True)
         assert (stats.plain, stats.recorded) == (want.plain, want.recorded), (n, s)
         assert fewer <= count
         if (s, n) == (40, 700):  # 17 two-step segments end this loop: 1 + 2 + 4 + 8 + 2
@@ -163,7 +163,7 @@ def test_pairs_leaves_take_runs_of_two_step_segments():
     # Segments of 10, 2, 2, 2, 1, 2, 2, 2, 2 steps; one free slot.
     held = dict(enumerate([0, 10, 12, 14, 16, 17, 19, 21, 23]))
     for at_hand in (False, True):
-        stats, count = machine_stats(25, n_slots, held, at_hand, windows=True)
+        stats, count = machine_stats(25, n_slots, held, at_hand, with_pairs=True)
         want, plain_count = machine_stats(25, n_slots, held, at_hand)
         assert (stats.plain, stats.recorded) == (want.plain, want.recorded)
         assert count < plain_count

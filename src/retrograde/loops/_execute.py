@@ -460,15 +460,15 @@ class _Steps:
 
 
 class _Binomial:
-    """Macro-actions from the in-graph binomial machine; with ``windows``, also ``PAIRS``
+    """Macro-actions from the in-graph binomial machine; ``with_pairs``: also ``PAIRS``
     leaves (:mod:`._machine`)."""
 
-    def __init__(self, n_slots, steps, slots, n_held, n_steps, at_hand, windows=False):
+    def __init__(self, n_slots, steps, slots, n_held, n_steps, at_hand, with_pairs=False):
         self.state = machine.init(n_slots, steps, slots, n_held, n_steps, at_hand)
-        self.windows = windows
+        self.with_pairs = with_pairs
 
     def step(self, st):
-        return machine.step(st, self.windows)
+        return machine.step(st, self.with_pairs)
 
     leaf_slots = staticmethod(machine.leaf_slots)
 
@@ -478,7 +478,7 @@ class _RowSource:
     their states, see :class:`._tables.Tables`), or translated from a schedule's actions (each
     leaf records one step, at hand)."""
 
-    windows = False  # no PAIRS leaves (see _Binomial)
+    with_pairs = False  # no PAIRS leaves (see _Binomial)
 
     def __init__(self, tables: Tables):
         self.rows = jnp.asarray(tables.rows, i32)
@@ -547,7 +547,7 @@ def _reverse(steps: _Steps, source, cur, slots, kbar, cbar, xbar):
         act = machine.Action(*act)
         idx = source.leaf_slots(m)
         cur, slots = steps.leaf_forward(act, idx, cur, slots)
-        if source.windows:
+        if source.with_pairs:
             cur, slots = steps.pairs_forward(act, idx, cur, slots)
         kbar, cbar, xbar = steps.leaf_records(act, idx, cur, slots, kbar, cbar, xbar)
         return (*next_action(m), cur, slots, kbar, cbar, xbar)
@@ -647,7 +647,7 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
         order = jnp.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held)).astype(i32)
         count = jnp.sum(held >= 0, dtype=i32)
         source = _Binomial(n_slots, held[order], order, count, n_steps, at_hand=False,
-                           windows=True)
+                           with_pairs=True)
         kbar, cbar, _ = _reverse(steps, source, body.snapshot(carry0), slots, carry_bar,
                                  consts_bar, [])
         return cbar, kbar

@@ -19,7 +19,7 @@ Each :func:`step` emits one :class:`Action`:
   the loop (``first = stop - 1``: their states are held already).
 - ``DONE``: nothing is left.
 
-With ``windows`` (static), a two-step task also takes along the run of two-step segments
+With ``with_pairs`` (static), a two-step task also takes along the run of two-step segments
 directly below it on the stack (``[a, a + 2)`` with ``u_a`` held), which the Online rule places
 where a loop ends, as far as the free slots allow (``w - 1`` of them for ``w`` segments):
 
@@ -168,8 +168,8 @@ def _action(kind, restore=-1, start=0, stop=0, first=0, store=-1, fresh=False):
                                                           fresh)))
 
 
-def step(st, windows=False):
-    """Emit the next action. Returns ``(new_state, action)``. With ``windows`` (static), a
+def step(st, with_pairs=False):
+    """Emit the next action. Returns ``(new_state, action)``. With ``with_pairs`` (static), a
     two-step leaf takes the run of two-step segments below it along, as a ``PAIRS`` leaf (see
     the module docstring)."""
     r = _unpack(st)
@@ -198,7 +198,7 @@ def step(st, windows=False):
                    (P_LAST, _last(regs))):
         new, action = _select(regs["phase"] == k, out, (new, action))
     new = dict(new, taken=i32(0))
-    if windows:
+    if with_pairs:
         new, action, free = _pairs(regs, new, action, stack, free)
     # A split pushes its left part and the release of the right part's slot.
     pushed = (regs["phase"] == P_TASK) & splits

@@ -651,7 +651,7 @@ class Segments:
     State: the segment index and the machine (``O(n_device)`` integers).
     """
 
-    windows = False  # no PAIRS leaves (see _execute._Binomial)
+    with_pairs = False  # no PAIRS leaves (see _execute._Binomial)
 
     def __init__(self, n_device: int, held, n_steps):
         big = jnp.iinfo(jnp.int32).max
