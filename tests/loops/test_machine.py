@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from retrograde.loops import _machine as M
 from retrograde.loops import _binomial as B
@@ -167,6 +169,25 @@ def test_pairs_leaves_take_runs_of_two_step_segments():
         want, plain_count = machine_stats(25, n_slots, held, at_hand)
         assert (stats.plain, stats.recorded) == (want.plain, want.recorded)
         assert count < plain_count
+
+
+@settings(max_examples=40, deadline=None)
+@given(hst.sampled_from([6, 12]), hst.lists(hst.sampled_from([1, 2, 2, 2, 3, 5, 9]),
+                                           min_size=1, max_size=12),
+       hst.booleans(), hst.randoms())
+def test_pairs_leaves_from_any_held_snapshots(n_slots, lengths, at_hand, rnd):
+    """From any held snapshots (segments of random lengths, many of two steps, in any slots,
+    any number of free slots), ``PAIRS`` leaves make exactly the evaluations of the machine
+    without them, every action valid (the simulator checks each restore's slot)."""
+    lengths = lengths[:n_slots]
+    starts = np.cumsum([0] + lengths[:-1]).tolist()
+    n = sum(lengths)
+    held = dict(zip(rnd.sample(range(n_slots), len(starts)), starts))
+    at_hand = at_hand and lengths[-1] > 1  # u_{N-1} at hand is never also held
+    stats, count = machine_stats(n, n_slots, held, at_hand, with_pairs=True)
+    want, plain_count = machine_stats(n, n_slots, held, at_hand)
+    assert (stats.plain, stats.recorded) == (want.plain, want.recorded)
+    assert count <= plain_count
 
 
 @pytest.mark.parametrize("s, steps", [(1, 250), (2, 250), (4, 250), (8, 250), (40, 700)])

@@ -62,6 +62,16 @@ def test_modes_match_reference(mode, s):
     P.assert_close(got, want, 1e-10)
 
 
+@pytest.mark.parametrize("mode", ["grad", "jvp", "hvp", "grad_grad", "third"])
+def test_pairs_leaves_match_reference(mode):
+    """``Online(12)`` over 40 steps ends in runs of two-step segments, which the reversal takes
+    as two ``PAIRS`` leaves (of 4 and 3 segments; ``tests/loops/test_machine.py``)."""
+    make = MODES[mode]
+    got = jax.jit(make(lambda t, w: _loss(t, w, Online(12), n=40)))(0.7, 0.3)
+    want = make(lambda t, w: _ref(t, w, n=40))(0.7, 0.3)
+    P.assert_close(got, want, 1e-10)
+
+
 def test_vmap_batched_predicate():
     def g(theta):
         return retrograde.while_loop(lambda u: u < 10.0, lambda u: u * (1 + theta), 1.0,
@@ -147,7 +157,7 @@ def test_zero_steps():
     assert float(jax.grad(f)(1.0)) == 1.0
 
 
-@pytest.mark.parametrize("n, s", [(60, 4), (300, 8)])
+@pytest.mark.parametrize("n, s", [(60, 4), (300, 8), (40, 12)])
 def test_executed_evaluations_equal_online_schedule(n, s):
     count = [0]
 

@@ -86,7 +86,7 @@ def init(n_slots: int, steps, slots, n_held, n_steps, at_hand: bool):
         n_held: the number of held snapshots ``m`` (traced).
         n_steps: ``N`` (traced).
         at_hand: whether the state at hand is ``u_{N-1}`` (after a forward sweep that stopped
-            there), else nothing is at hand.
+            there; it is then not also held), else nothing is at hand.
     """
     depth = 2 * n_slots + 4
     idx = jnp.arange(n_slots, dtype=i32)
