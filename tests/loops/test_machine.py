@@ -36,7 +36,7 @@ def _run(n_slots, steps, slots, n_held, n, at_hand, with_pairs=False):
     """Every action of the machine, with the slots of each leaf."""
     state = M.init(n_slots, steps, slots, n_held, n, at_hand)
     acts = jnp.full((CAPACITY, 7), -1, jnp.int32)
-    idxs = jnp.full((CAPACITY, 2 * n_slots + 2), -1, jnp.int32)
+    idxs = jnp.full((CAPACITY, (2 if with_pairs else 1) * (n_slots + 1)), -1, jnp.int32)
 
     def go(c):
         return ~M.done(c[0]) & (c[3] < CAPACITY)
@@ -44,7 +44,8 @@ def _run(n_slots, steps, slots, n_held, n, at_hand, with_pairs=False):
     def one(c):
         st, acts, idxs, i = c
         st, a = M.step(st, with_pairs)
-        return st, acts.at[i].set(jnp.stack(a)), idxs.at[i].set(M.leaf_slots(st)), i + 1
+        return (st, acts.at[i].set(jnp.stack(a)), idxs.at[i].set(M.leaf_slots(st, with_pairs)),
+                i + 1)
 
     _, acts, idxs, count = jax.lax.while_loop(go, one, (state, acts, idxs, jnp.int32(0)))
     return acts, idxs, count

@@ -470,7 +470,8 @@ class _Binomial:
     def step(self, st):
         return machine.step(st, self.with_pairs)
 
-    leaf_slots = staticmethod(machine.leaf_slots)
+    def leaf_slots(self, st):
+        return machine.leaf_slots(st, self.with_pairs)
 
 
 class _RowSource:

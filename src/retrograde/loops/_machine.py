@@ -145,22 +145,26 @@ def done(st):
     return st["regs"][REGISTERS.index("phase")] == P_DONE
 
 
-def leaf_slots(st):
-    """int32[2 S + 2]: the slot of each state of the leaf just emitted (entry ``i`` holds
-    ``u_{start + i}``; the last state's entry is unused when it is at hand)."""
+def leaf_slots(st, with_pairs=False):
+    """int32[S + 1] (``2 S + 2`` ``with_pairs``, static): the slot of each state of the leaf
+    just emitted (entry ``i`` holds ``u_{start + i}``; the last state's entry is unused when it
+    is at hand)."""
     r = _unpack(st)
     n_slots = st["free"].shape[0]
-    i = jnp.arange(2 * n_slots + 2, dtype=i32)
+    i = jnp.arange(2 * n_slots + 2 if with_pairs else n_slots + 1, dtype=i32)
     fp = r["fp"] - r["taken"]  # the free list as the leaf found it (before its releases)
     own = jnp.where(i == 0, r["slot_a"], _take(st["free"], fp - i))
     held = _take(st["held"], r["lbase"] + i)
+    out = jnp.where(r["lkind"] == L_HELD, held, own)
+    if not with_pairs:
+        return out
     # PAIRS: segment q from the top (q = 0 the task's own) holds u_a in its slot; u_{a+1} of
     # the p-th from the bottom goes to the free slot fp - 1 - p.
     q, p = r["taken"] - i // 2, i // 2
     seg = _take(st["stack"], r["lbase"] - 2 * (q - 1))[:, 3]
     pairs = jnp.where(i % 2 == 0, jnp.where(q == 0, r["slot_a"], seg),
                       _take(st["free"], fp - 1 - p))
-    return jnp.where(r["lkind"] == L_HELD, held, jnp.where(r["lkind"] == L_PAIRS, pairs, own))
+    return jnp.where(r["lkind"] == L_PAIRS, pairs, out)
 
 
 def _action(kind, restore=-1, start=0, stop=0, first=0, store=-1, fresh=False):
