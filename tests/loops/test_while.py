@@ -182,68 +182,51 @@ def test_executed_evaluations_equal_online_schedule(n, s):
     assert count[0] <= 1.05 * (revolve_optimum(n, s) + n)
 
 
+def _decay(n, s):
+    """A while loop of ``n`` steps on 500 floats with ``Online(s)``, as a loss of ``theta``."""
+    def f(theta):
+        st = retrograde.while_loop(
+            lambda st: st[0] < n,
+            lambda st: (st[0] + 1, st[1] + 0.001 * jnp.tanh(theta * st[1])),
+            (0, jnp.ones(500)), schedule=Online(s))
+        return jnp.sum(st[1] ** 2)
+
+    return f
+
+
+def _carries(fn):
+    """Temp memory of ``jit(fn)(0.5)`` in carries of 500 float64."""
+    return jax.jit(fn).lower(0.5).compile().memory_analysis().temp_size_in_bytes / (500 * 8)
+
+
+def _hvp(f):
+    return lambda t: jax.jvp(jax.grad(f), (t,), (1.0,))[1]
+
+
 def test_memory_does_not_grow_with_steps():
-    def make(n):
-        def f(theta):
-            st = retrograde.while_loop(
-                lambda st: st[0] < n,
-                lambda st: (st[0] + 1, st[1] + 0.001 * jnp.tanh(theta * st[1])),
-                (0, jnp.ones(500)), schedule=Online(8))
-            return jnp.sum(st[1] ** 2)
-
-        return f
-
-    def temp(fn):
-        return jax.jit(fn).lower(0.5).compile().memory_analysis().temp_size_in_bytes
-
-    hvp = lambda f: lambda t: jax.jvp(jax.grad(f), (t,), (1.0,))[1]
-    for order in (jax.grad, hvp):
-        small, large = temp(order(make(1000))), temp(order(make(10000)))
+    for order in (jax.grad, _hvp):
+        small, large = _carries(order(_decay(1000, 8))), _carries(order(_decay(10000, 8)))
         assert large <= 1.1 * small
-    carry = 500 * 8
     # 14.1 carries: 8 slots, the state, its cotangent, XLA's copy of the cotangent that the
     # record overwrites in place (the record runs outside any conditional), the step's working set.
-    assert temp(jax.grad(make(1000))) <= (8 + 7) * carry
+    assert _carries(jax.grad(_decay(1000, 8))) <= 8 + 7
 
 
 def test_pairs_leaves_memory_does_not_grow_with_steps():
     """``Online(40)`` over 500 and 700 steps reverses with ``PAIRS`` leaves (runs of 2-8
     two-step segments): memory is the same at both step counts, at first and second order, and
     within the slots plus the bound's 7 carries at first order (measured 46.8)."""
-    def make(n):
-        def f(theta):
-            st = retrograde.while_loop(
-                lambda st: st[0] < n,
-                lambda st: (st[0] + 1, st[1] + 0.001 * jnp.tanh(theta * st[1])),
-                (0, jnp.ones(500)), schedule=Online(40))
-            return jnp.sum(st[1] ** 2)
-
-        return f
-
-    def carries(fn):
-        return jax.jit(fn).lower(0.5).compile().memory_analysis().temp_size_in_bytes / (500 * 8)
-
-    hvp = lambda f: lambda t: jax.jvp(jax.grad(f), (t,), (1.0,))[1]
-    for order in (jax.grad, hvp, lambda f: jax.grad(jax.grad(f))):
-        assert carries(order(make(700))) <= 1.01 * carries(order(make(500)))
-    assert carries(jax.grad(make(700))) <= 40 + 7
+    for order in (jax.grad, _hvp, lambda f: jax.grad(jax.grad(f))):
+        assert _carries(order(_decay(700, 40))) <= 1.01 * _carries(order(_decay(500, 40)))
+    assert _carries(jax.grad(_decay(700, 40))) <= 40 + 7
 
 
 def test_higher_order_memory():
     """Each order's sweeps hold their snapshots one at a time. Measured (carries of 500 float64,
     Online(8)): first order 14.1, grad of grad 28.2, third order 54.4."""
-    def f(theta):
-        st = retrograde.while_loop(
-            lambda st: st[0] < 1000,
-            lambda st: (st[0] + 1, st[1] + 0.001 * jnp.tanh(theta * st[1])),
-            (0, jnp.ones(500)), schedule=Online(8))
-        return jnp.sum(st[1] ** 2)
-
-    def carries(fn):
-        return jax.jit(fn).lower(0.5).compile().memory_analysis().temp_size_in_bytes / (500 * 8)
-
-    assert carries(jax.grad(jax.grad(f))) <= 2 * (8 + 7)
-    assert carries(jax.grad(jax.grad(jax.grad(f)))) <= 4 * (8 + 7)
+    f = _decay(1000, 8)
+    assert _carries(jax.grad(jax.grad(f))) <= 2 * (8 + 7)
+    assert _carries(jax.grad(jax.grad(jax.grad(f)))) <= 4 * (8 + 7)
 
 
 M = 30
