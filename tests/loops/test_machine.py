@@ -36,7 +36,7 @@ def _run(n_slots, steps, slots, n_held, n, at_hand, with_pairs=False):
     """Every action of the machine, with the slots of each leaf."""
     state = M.init(n_slots, steps, slots, n_held, n, at_hand)
     acts = jnp.full((CAPACITY, 7), -1, jnp.int32)
-    idxs = jnp.full((CAPACITY, (2 if with_pairs else 1) * (n_slots + 1)), -1, jnp.int32)
+    idxs = jnp.full((CAPACITY, n_slots + 1), -1, jnp.int32)
 
     def go(c):
         return ~M.done(c[0]) & (c[3] < CAPACITY)
@@ -189,6 +189,36 @@ def test_pairs_leaves_from_any_held_snapshots(n_slots, lengths, at_hand, rnd):
     want, plain_count = machine_stats(n, n_slots, held, at_hand)
     assert (stats.plain, stats.recorded) == (want.plain, want.recorded)
     assert count <= plain_count
+
+
+def _values(jaxpr):
+    """Every value a jaxpr computes or reads as a constant, nested jaxprs included."""
+    yield from jaxpr.constvars
+    for eqn in jaxpr.eqns:
+        yield from eqn.outvars
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from _values(sub)
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_machine_values_fit_in_512_bytes(x64):
+    """Every array the machine's step computes or reads (its state, stack, binomial table
+    columns, actions, leaf slots), and the sort that lays out its held snapshots, is at most
+    512 bytes for ``S = 126`` slots, also under x64: XLA's CPU runtime then runs a body of these
+    kernels in order (docs/performance.md)."""
+    n_slots = 126
+
+    def run(held, n):
+        order = M.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held))
+        st = M.init(n_slots, held[order], order, jnp.sum(held >= 0, dtype=jnp.int32), n, False)
+        st, act = M.step(st, True)
+        return st, act, M.leaf_slots(st, True)
+
+    with jax.enable_x64(x64):
+        jaxpr = jax.make_jaxpr(run)(jnp.zeros(n_slots, jnp.int32), jnp.int32(5)).jaxpr
+    sizes = [(v.aval.size * v.aval.dtype.itemsize, str(v.aval)) for v in _values(jaxpr)]
+    assert len(sizes) > 100
+    assert max(sizes)[0] <= 512, max(sizes)
 
 
 @pytest.mark.parametrize("s, steps", [(1, 250), (2, 250), (4, 250), (8, 250), (40, 700)])

@@ -83,8 +83,13 @@ def _beta_row(s, s_max: int, q_max: int):
     ``0 <= s <= s_max``, as :func:`beta_table` has it: read off a table of at most
     ``TABLE_ROWS + 1`` rows, so nothing here grows with the slot count beyond that."""
     top = min(s_max, TABLE_ROWS)
-    table = jnp.asarray(beta_table(top, q_max).astype(np.int32))
-    row = lax.dynamic_index_in_dim(table, jnp.clip(s, 0, top), 0, keepdims=False)
+    table = beta_table(top, q_max).astype(np.int32)
+    # One constant per column, each of ``top + 1`` entries: up to 127 slots every buffer the
+    # machine's step reads is at most 512 bytes, so XLA's CPU runtime runs it in order.
+    unit = np.eye(q_max + 1, dtype=np.int32)
+    sc = jnp.clip(s, 0, top)
+    row = sum(lax.dynamic_index_in_dim(jnp.asarray(table[:, q]), sc, 0, keepdims=False) * unit[q]
+              for q in range(q_max + 1))
     if s_max <= TABLE_ROWS:
         return row
     c = jnp.minimum(s, _BETA2_EXACT)

@@ -3,8 +3,10 @@
 The in-graph twin of :func:`retrograde.schedules.reverse_held`: reverse the segments
 ``[p_0, p_1), ..., [p_{m-1}, N)`` between held snapshots, last first, each by Revolve with its
 own slot and every free slot at the time (a segment's slot is freed once it is done). State:
-a few int32 registers, a task stack of ``2 S + 4`` rows and the free list (``O(S)`` integers for
-``S`` slots), so nothing here grows with ``N``.
+a few int32 registers, a task stack of ``S + 2`` entries and the free list (``O(S)`` integers for
+``S`` slots), so nothing here grows with ``N``. Each int32 vector has at most ``S + 2`` entries,
+so up to ``S = 126`` every buffer is at most 512 bytes: XLA's CPU runtime then runs a loop body
+of the machine's step in order, without its thread pool (docs/performance.md).
 
 Each :func:`step` emits one :class:`Action`:
 
@@ -48,8 +50,6 @@ from ._binomial import largest_split
 i32 = jnp.int32
 
 MOVE, LEAF, DONE, PAIRS = 0, 1, 2, 3
-# Task kinds on the stack: reverse a segment; release a slot (always directly above a segment).
-T_SEGMENT, T_FREE = 0, 1
 # Phases: the trailing leaf, take a task, work on it, recompute a one-slot segment step by step,
 # record the last step of a split whose right part is one step, done.
 P_TRAIL, P_POP, P_TASK, P_S1, P_LAST, P_DONE = 0, 1, 2, 3, 4, 5
@@ -62,6 +62,18 @@ L_FREE, L_HELD, L_PAIRS = 0, 1, 2
 REGISTERS = ("a", "b", "s", "slot_a", "at_hand", "k", "adv", "phase", "sp", "fp", "lkind",
              "lbase", "taken")
 _FLAGS = ("at_hand", "adv")
+
+
+class Task(NamedTuple):
+    """The task stack, one int32 vector per field (entry ``i`` is the ``i``-th task from the
+    bottom): reverse ``[a, b)`` from ``u_a`` in ``slot``; when the task is taken off the stack,
+    first return ``release`` to the free list (``-1``: nothing), the slot of the segment above it,
+    whose reversal is done by then."""
+
+    a: object
+    b: object
+    slot: object
+    release: object
 
 
 class Action(NamedTuple):
@@ -88,7 +100,7 @@ def init(n_slots: int, steps, slots, n_held, n_steps, at_hand: bool):
         at_hand: whether the state at hand is ``u_{N-1}`` (after a forward sweep that stopped
             there; it is then not also held), else nothing is at hand.
     """
-    depth = 2 * n_slots + 4
+    depth = n_slots + 2
     idx = jnp.arange(n_slots, dtype=i32)
     valid = idx < n_held
     # The trailing leaf: u_{N-1} at hand, then held steps down to N - T, one per slot (steps - idx
@@ -98,36 +110,34 @@ def init(n_slots: int, steps, slots, n_held, n_steps, at_hand: bool):
     trail = tail + hand
     n_seg = n_held - tail  # segments left for the stack
     last_end = n_steps - trail
-    ends = jnp.where(idx + 1 < n_seg, jnp.roll(steps, -1), last_end)
-    seg_rows = jnp.stack([jnp.full_like(idx, T_SEGMENT), steps, ends, slots], axis=1)
-    free_rows = jnp.stack([jnp.full_like(idx, T_FREE), steps, steps, slots], axis=1)
-    # Stack bottom-up: seg_0, free(p_1), seg_1, free(p_2), ..., seg_{n_seg-1} (popped first).
-    stack = jnp.zeros((depth, 4), i32)
+    # Stack bottom-up: segment 0, 1, ..., n_seg - 1 (taken first); each releases the slot of the
+    # one above it.
     is_seg = idx < n_seg
-    stack = stack.at[2 * idx].set(jnp.where(is_seg[:, None], seg_rows, 0), mode="drop")
-    rel = (idx >= 1) & is_seg
-    stack = stack.at[jnp.where(rel, 2 * idx - 1, depth)].set(free_rows, mode="drop")
+    ends = jnp.where(idx + 1 < n_seg, jnp.roll(steps, -1), last_end)
+    release = jnp.where(idx + 1 < n_seg, jnp.roll(slots, -1), -1)
+    pad = jnp.zeros((depth - n_slots,), i32)
+    stack = Task(*(jnp.concatenate([jnp.where(is_seg, v, 0), pad])
+                   for v in (steps, ends, slots, release)))
     # Free slots: every slot but those of the stacked segments.
     used = jnp.zeros((n_slots,), bool).at[jnp.where(is_seg, slots, n_slots)].set(True,
                                                                                   mode="drop")
-    order = jnp.argsort(used, stable=True).astype(i32)  # unused first
+    order = argsort(used)  # unused first
     n_free = n_slots - n_seg
     free = jnp.where(jnp.arange(n_slots, dtype=i32) < n_free, order, 0)
     regs = dict(
         a=last_end, b=n_steps, s=i32(1), slot_a=i32(0), at_hand=False, adv=False,
-        phase=jnp.where(trail > 0, P_TRAIL, P_POP), sp=2 * n_seg - 2, fp=n_free,
+        phase=jnp.where(trail > 0, P_TRAIL, P_POP), sp=n_seg - 1, fp=n_free,
         lkind=i32(L_HELD), lbase=n_seg, k=hand, taken=i32(0),
     )
     return _pack(regs, stack=stack, free=free, held=slots)
 
 
-def vector(values, shape=None):
-    """int32 scalars as one vector (reshaped to ``shape``), built as a sum of the scalars times
-    unit vectors: XLA fuses that into one kernel, where ``jnp.stack`` compiles to a kernel per
-    scalar and a concatenation (each a thunk of the loop body it runs in)."""
+def vector(values):
+    """int32 scalars as one vector, built as a sum of the scalars times unit vectors: XLA fuses
+    that into one kernel, where ``jnp.stack`` compiles to a kernel per scalar and a
+    concatenation (each a thunk of the loop body it runs in)."""
     unit = np.eye(len(values), dtype=np.int32)  # constants: nothing for XLA to hoist
-    out = sum(jnp.asarray(v).astype(i32) * unit[k] for k, v in enumerate(values))
-    return out if shape is None else out.reshape(shape)
+    return sum(jnp.asarray(v).astype(i32) * unit[k] for k, v in enumerate(values))
 
 
 def _pack(regs, **arrays):
@@ -146,12 +156,12 @@ def done(st):
 
 
 def leaf_slots(st, with_pairs=False):
-    """int32[S + 1] (``2 S + 2`` ``with_pairs``, static): the slot of each state of the leaf
-    just emitted (entry ``i`` holds ``u_{start + i}``; the last state's entry is unused when it
-    is at hand)."""
+    """int32[S + 1]: the slot of each state of the leaf just emitted (entry ``i`` holds
+    ``u_{start + i}``; the last state's entry is unused when it is at hand). ``with_pairs``
+    (static): also for ``PAIRS`` leaves, whose ``2 w`` states take ``2 w - 1 <= S`` slots."""
     r = _unpack(st)
     n_slots = st["free"].shape[0]
-    i = jnp.arange(2 * n_slots + 2 if with_pairs else n_slots + 1, dtype=i32)
+    i = jnp.arange(n_slots + 1, dtype=i32)
     fp = r["fp"] - r["taken"]  # the free list as the leaf found it (before its releases)
     own = jnp.where(i == 0, r["slot_a"], _take(st["free"], fp - i))
     held = _take(st["held"], r["lbase"] + i)
@@ -161,7 +171,7 @@ def leaf_slots(st, with_pairs=False):
     # PAIRS: segment q from the top (q = 0 the task's own) holds u_a in its slot; u_{a+1} of
     # the p-th from the bottom goes to the free slot fp - 1 - p.
     q, p = r["taken"] - i // 2, i // 2
-    seg = _take(st["stack"], r["lbase"] - 2 * (q - 1))[:, 3]
+    seg = _take(st["stack"].slot, r["lbase"] - (q - 1))
     pairs = jnp.where(i % 2 == 0, jnp.where(q == 0, r["slot_a"], seg),
                       _take(st["free"], fp - 1 - p))
     return jnp.where(r["lkind"] == L_PAIRS, pairs, out)
@@ -180,21 +190,18 @@ def step(st, with_pairs=False):
     stack, free = st["stack"], st["free"]
     phase = r["phase"]
     top = _read(stack, r["sp"])
-    below = _read(stack, r["sp"] - 1)
-    top_frees = (r["sp"] >= 0) & (top[0] == T_FREE)
 
-    # Take the next task off the stack (a slot release is popped with the segment under it and
-    # returns its slot to the free list, where a split in the same step may take it again).
-    task = jnp.where(top_frees, below, top)
-    fp_pop = r["fp"] + top_frees.astype(i32)
+    # Take the next task off the stack; its release returns a slot to the free list, where a
+    # split in the same step may take it again.
+    frees = (r["sp"] >= 0) & (top.release >= 0)
+    fp_pop = r["fp"] + frees.astype(i32)
     popped = dict(
-        r, a=task[1], b=task[2], slot_a=task[3], s=fp_pop + 1, at_hand=False, fp=fp_pop,
-        sp=r["sp"] - 1 - top_frees.astype(i32),
-        phase=jnp.where(r["sp"] < 0, P_DONE, P_TASK),
+        r, a=top.a, b=top.b, slot_a=top.slot, s=fp_pop + 1, at_hand=False, fp=fp_pop,
+        sp=r["sp"] - 1, phase=jnp.where(r["sp"] < 0, P_DONE, P_TASK),
     )
     popping = phase == P_POP
     regs = _select(popping, popped, r)
-    free = _write(free, r["fp"], top[3], popping & top_frees)
+    free = _write(free, r["fp"], top.release, popping & frees)
 
     task_out, splits = _task(regs, free)
     new, action = dict(regs, phase=i32(P_DONE)), _action(DONE)
@@ -204,37 +211,34 @@ def step(st, with_pairs=False):
     new = dict(new, taken=i32(0))
     if with_pairs:
         new, action, free = _pairs(regs, new, action, stack, free)
-    # A split pushes its left part and the release of the right part's slot.
+    # A split pushes its left part, which releases the right part's slot when taken.
     pushed = (regs["phase"] == P_TASK) & splits
-    stack = _write(stack, regs["sp"] + 1,
-                   vector([T_SEGMENT, regs["a"], action.stop, regs["slot_a"],
-                           T_FREE, action.stop, action.stop, action.store], (2, 4)),
-                   pushed)
+    entry = Task(regs["a"], action.stop, regs["slot_a"], action.store)
+    stack = Task(*(_write(col, regs["sp"] + 1, v, pushed) for col, v in zip(stack, entry)))
     return _pack(new, stack=stack, free=free, held=st["held"]), action
 
 
 def _pairs(r, new, action, stack, free):
     """Make a two-step leaf taken off the stack (``r``: the registers it was taken with) a
-    ``PAIRS`` leaf over the run of two-step segments below it: stack rows ``sp - 2 i`` (the
-    release of the slot of the segment above) and ``sp - 1 - 2 i`` (the segment), as many as
-    the free slots allow. Returns ``(new, action, free)``: the segments taken off the stack and
-    all their slots but the lowest one's back in the free list (that one is released when the
-    next task is popped, as for any segment)."""
+    ``PAIRS`` leaf over the run of two-step segments below it (stack entries ``sp - i``, each
+    releasing the slot of the one above), as many as the free slots allow. Returns ``(new,
+    action, free)``: the segments taken off the stack and all their slots but the lowest one's
+    back in the free list (that one is released when the next task is popped, as for any
+    segment)."""
     sp, fp = r["sp"], r["fp"]
-    i = jnp.arange(stack.shape[0] // 2, dtype=i32)
-    rel, seg = _take(stack, sp - 2 * i), _take(stack, sp - 1 - 2 * i)
-    ok = ((sp - 1 - 2 * i >= 0) & (rel[:, 0] == T_FREE) & (seg[:, 0] == T_SEGMENT)
-          & (seg[:, 2] - seg[:, 1] == 2))
+    i = jnp.arange(stack.a.shape[0], dtype=i32)
+    seg = _take(stack, sp - i)  # each releases the slot of the segment above it
+    ok = (sp - i >= 0) & (seg.release >= 0) & (seg.b - seg.a == 2)
     below = jnp.sum(jnp.cumprod(ok.astype(i32)), dtype=i32)
     two = (r["phase"] == P_TASK) & (action.kind == LEAF) & (action.stop - action.start == 2)
     taken = jnp.where(two, jnp.minimum(below, fp), 0)  # a free slot for each but the top one
     b = action.stop
     pairs = _action(PAIRS, start=b - 2 * (taken + 1), stop=b, first=b - 1, fresh=True)
     action = _select(taken > 0, pairs, action)
-    free = free.at[jnp.where(i < taken, fp + i, free.shape[0])].set(rel[:, 3], mode="drop")
-    new = dict(new, taken=taken, sp=new["sp"] - 2 * taken, fp=new["fp"] + taken,
+    free = free.at[jnp.where(i < taken, fp + i, free.shape[0])].set(seg.release, mode="drop")
+    new = dict(new, taken=taken, sp=new["sp"] - taken, fp=new["fp"] + taken,
                lkind=jnp.where(taken > 0, L_PAIRS, new["lkind"]),
-               lbase=jnp.where(taken > 0, sp - 1, new["lbase"]))
+               lbase=jnp.where(taken > 0, sp, new["lbase"]))
     return new, action, free
 
 
@@ -273,7 +277,7 @@ def _task(r, free):
         s=jnp.where(splits, s - 1, s),
         slot_a=jnp.where(splits, new_slot, slot_a),
         fp=jnp.where(splits, r["fp"] - 1, r["fp"]),
-        sp=jnp.where(splits, r["sp"] + 2, r["sp"]),
+        sp=jnp.where(splits, r["sp"] + 1, r["sp"]),
         lkind=i32(L_FREE),
     )
     return (new, _select(leafy, leaf, move)), splits
@@ -299,24 +303,30 @@ def _last(r):
     return new, _action(LEAF, start=k, stop=k + 1, first=k, fresh=True)
 
 
+def argsort(x):
+    """The stable argsort of a vector, int32 (``jnp.argsort`` sorts int64 indices under x64:
+    buffers twice as large, over 512 bytes from 65 entries)."""
+    return lax.sort((x, lax.iota(i32, x.shape[0])), num_keys=1, is_stable=True)[1]
+
+
 def _read(x, i):
-    """``x[i]`` with ``i`` clamped into range."""
-    return lax.dynamic_index_in_dim(x, jnp.clip(i, 0, x.shape[0] - 1), 0, keepdims=False)
+    """``x[i]`` with ``i`` clamped into range (``x`` an array or a :class:`Task`)."""
+    return tree_util.tree_map(
+        lambda v: lax.dynamic_index_in_dim(v, jnp.clip(i, 0, v.shape[0] - 1), 0, keepdims=False),
+        x)
 
 
 def _take(x, i):
-    """``x[i]`` for an index vector ``i``, clamped into range."""
-    return x[jnp.clip(i, 0, x.shape[0] - 1)]
+    """``x[i]`` for an index vector ``i``, clamped into range (``x`` an array or a
+    :class:`Task`)."""
+    return tree_util.tree_map(lambda v: v[jnp.clip(i, 0, v.shape[0] - 1)], x)
 
 
 def _write(x, i, v, pred):
-    """``x`` with ``x[i] = v`` where ``pred`` (``i`` clamped; in place, no copy of ``x``). ``v``
-    may also be a block of rows ``x[i : i + len(v)]``: one write, where two chained writes would
-    make XLA copy ``x``."""
-    rows = v if v.ndim == x.ndim else v[None]
-    i = jnp.clip(i, 0, x.shape[0] - rows.shape[0])
-    old = lax.dynamic_slice_in_dim(x, i, rows.shape[0], 0)
-    return lax.dynamic_update_slice_in_dim(x, jnp.where(pred, rows, old), i, 0)
+    """``x`` with ``x[i] = v`` where ``pred`` (``i`` clamped; in place, no copy of ``x``)."""
+    i = jnp.clip(i, 0, x.shape[0] - 1)
+    old = lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
+    return lax.dynamic_update_index_in_dim(x, jnp.where(pred, v, old), i, 0)
 
 
 def _select(pred, a, b):
