@@ -66,8 +66,10 @@ def _put_if(pred, buffers, values, k):
     """``buffers`` with ``values`` in row ``k`` if ``pred``, as a conditional: in a step's loop
     body that is one kernel, where a select (as in :func:`_store`) adds a read of the row (XLA's
     CPU runtime runs a body of more than 8 kernels on its thread pool, which costs more than a
-    small step). Done in place."""
-    return lax.cond(pred, lambda b: _put(b, values, k), lambda b: list(b), list(buffers))
+    small step). Done in place. ``k`` may be a function computing the row inside the branch
+    (then the body computes only ``pred``, one kernel fewer per step)."""
+    return lax.cond(pred, lambda b: _put(b, values, k() if callable(k) else k),
+                    lambda b: list(b), list(buffers))
 
 
 def _zeros(avals, lead=()):
@@ -292,7 +294,7 @@ def _placement(n_slots: int, max_steps):
     m = table.shape[0]
 
     def from_table(n, snap, slots, held):
-        return _stored(n, table[jnp.minimum(n, m - 1)], snap, slots, held)
+        return _stored(n, lambda: table[jnp.minimum(n, m - 1)], snap, slots, held)
 
     def by_rule(n, snap, slots, held):
         return _stored(n, store_slot(n, held, n_slots), snap, slots, held)
@@ -304,11 +306,12 @@ def _placement(n_slots: int, max_steps):
 
 def _stored(n, k, snap, slots, held, off=None):
     """``u_n`` in slot ``k`` (nothing if ``k < 0``) and ``n`` in ``held[k]``; with ``off``, in its
-    store."""
+    store. ``k`` may be a function computing the slot (see :func:`_put_if`)."""
     if off is not None:
         held = jnp.where(k >= 0, held.at[jnp.maximum(k, 0)].set(n), held)
         return _store(slots, k, snap, off, n), held
-    *slots, held = _put_if(k >= 0, [*slots, held], [*snap, n], k)
+    row = k() if callable(k) else k
+    *slots, held = _put_if(row >= 0, [*slots, held], [*snap, n], k)
     return slots, held
 
 
@@ -463,9 +466,23 @@ class _Binomial:
     """Macro-actions from the in-graph binomial machine; ``with_pairs``: also ``PAIRS``
     leaves (:mod:`._machine`)."""
 
-    def __init__(self, n_slots, steps, slots, n_held, n_steps, at_hand, with_pairs=False):
-        self.state = machine.init(n_slots, steps, slots, n_held, n_steps, at_hand)
+    # A leaf's control (its slots and the next action) runs in a one-trip loop of its own: the
+    # machine's step is many small kernels over buffers of at most 512 bytes (up to 126 slots),
+    # which XLA's CPU runtime runs there in order; among the leaf's loops they would run on the
+    # concurrent executor (docs/performance.md).
+    control_apart = True
+
+    def __init__(self, n_slots, held, n_steps, at_hand, with_pairs=False):
+        """``held()``: the held snapshots ``(steps, slots, count)`` as :func:`._machine.init`
+        takes them. It is traced, with the machine's initial state and first action, in a
+        one-trip loop of its own, so that their many small kernels run in order there."""
         self.with_pairs = with_pairs
+
+        def init(n):
+            st, act = self.step(machine.init(n_slots, *held(), n, at_hand))
+            return n, st, machine.vector(act)
+
+        _, self.state, self.first = _branch(n_steps >= 0, init, jnp.asarray(n_steps, i32))
 
     def step(self, st):
         return machine.step(st, self.with_pairs)
@@ -480,6 +497,8 @@ class _RowSource:
     leaf records one step, at hand)."""
 
     with_pairs = False  # no PAIRS leaves (see _Binomial)
+    control_apart = False  # a row read is one kernel (see _Binomial)
+    first = None  # the first action is read as the others are (see _Binomial)
 
     def __init__(self, tables: Tables):
         self.rows = jnp.asarray(tables.rows, i32)
@@ -522,6 +541,23 @@ def _once(pred, f, operands):
     return lax.while_loop(lambda c: c[0], body, (pred, operands))[1]
 
 
+def _once_returning(pred, f, x):
+    """``f(x)``, a tuple whose first entry is like ``x``, computed as :func:`_once` does."""
+    blank = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype),
+                                   jax.eval_shape(f, x)[1:])
+    return _once(pred, lambda c: f(c[0]), (x, *blank))
+
+
+def _branch(pred, f, x):
+    """``f(x)`` as the branch of a conditional, ``pred`` being true whenever this runs (the other
+    branch, never taken, returns zeros). Like :func:`_once`, a thunk sequence of its own, but
+    with no loop state to initialise: for a function that makes new arrays rather than updating
+    ``x``."""
+    out = jax.eval_shape(f, x)
+    return lax.cond(pred, f, lambda _: jax.tree_util.tree_map(
+        lambda a: jnp.zeros(a.shape, a.dtype), out), x)
+
+
 def _reverse(steps: _Steps, source, cur, slots, kbar, cbar, xbar):
     """Execute the macro-actions of ``source`` from the state ``cur`` and snapshot rows
     ``slots``. One iteration per leaf: the moves before it (the cotangents are not operands),
@@ -542,18 +578,30 @@ def _reverse(steps: _Steps, source, cur, slots, kbar, cbar, xbar):
                            lambda cs: steps.move(machine.Action(*act), *cs), (cur, slots))
         return (*next_action(m), cur, slots)
 
+    def control(m):
+        """The leaf's slots and the next action."""
+        idx = source.leaf_slots(m)
+        m, nxt = next_action(m)
+        return m, idx, nxt
+
     def one_leaf(c):
         m, act, cur, slots, kbar, cbar, xbar = c
         m, act, cur, slots = lax.while_loop(moving, move, (m, act, cur, slots))
+        if source.control_apart:
+            m, idx, nxt = _once_returning(act[0] != machine.DONE, control, m)
+        else:
+            m, idx, nxt = control(m)
         act = machine.Action(*act)
-        idx = source.leaf_slots(m)
         cur, slots = steps.leaf_forward(act, idx, cur, slots)
         if source.with_pairs:
             cur, slots = steps.pairs_forward(act, idx, cur, slots)
         kbar, cbar, xbar = steps.leaf_records(act, idx, cur, slots, kbar, cbar, xbar)
-        return (*next_action(m), cur, slots, kbar, cbar, xbar)
+        return (m, nxt, cur, slots, kbar, cbar, xbar)
 
-    m, act = next_action(source.state)
+    if source.first is None:
+        m, act = next_action(source.state)
+    else:  # emitted with the source's initial state
+        m, act = source.state, source.first
     state = (m, act, list(cur), list(slots), list(kbar), cbar, xbar)
     state = lax.while_loop(lambda c: c[1][0] != machine.DONE, one_leaf, state)
     return state[4], state[5], state[6]
@@ -570,7 +618,8 @@ def _source(tables: Tables):
     if tables.rows is not None:
         return _RowSource(tables)
     steps, slots, count = tables.held
-    return _Binomial(tables.n_slots, jnp.asarray(steps), jnp.asarray(slots), count, tables.length,
+    return _Binomial(tables.n_slots, lambda: (jnp.asarray(steps), jnp.asarray(slots), count),
+                     tables.length,
                      at_hand=True)
 
 
@@ -645,10 +694,11 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
         return cbar, kbar
 
     def sweep(slots, held):
-        order = jnp.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held)).astype(i32)
-        count = jnp.sum(held >= 0, dtype=i32)
-        source = _Binomial(n_slots, held[order], order, count, n_steps, at_hand=False,
-                           with_pairs=True)
+        def ascending():
+            order = machine.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held))
+            return held[order], order, jnp.sum(held >= 0, dtype=i32)
+
+        source = _Binomial(n_slots, ascending, n_steps, at_hand=False, with_pairs=True)
         kbar, cbar, _ = _reverse(steps, source, body.snapshot(carry0), slots, carry_bar,
                                  consts_bar, [])
         return cbar, kbar

@@ -652,6 +652,8 @@ class Segments:
     """
 
     with_pairs = False  # no PAIRS leaves (see _execute._Binomial)
+    control_apart = True  # the machine's step, as _execute._Binomial's
+    first = None  # the first action is read as the others are
 
     def __init__(self, n_device: int, held, n_steps):
         big = jnp.iinfo(jnp.int32).max
