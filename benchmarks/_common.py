@@ -47,18 +47,22 @@ def prepare(fn, *args):
     return compiled, out, compile_s, temp
 
 
-def time_round_robin(compiled, args, repeats, clock=time.perf_counter):
+def time_round_robin(compiled, args, repeats, clock=time.perf_counter, min_time=0.0):
     """Times (a list per name) of each compiled function called on ``args`` (a tuple) over
     ``repeats`` rounds, the functions taking turns within a round, so that a busy machine slows
     all of them alike (the ratios between them are what the tables are for). ``clock``: wall
     time by default; ``time.process_time`` counts the CPU time of all of the process's threads,
-    which varies far less with other processes' load."""
+    which varies far less with other processes' load. With ``min_time`` (seconds of wall time),
+    rounds go on until at least that long has passed: a median of a few calls of a function
+    that takes a millisecond is mostly noise."""
     times = {name: [] for name in compiled}
-    for _ in range(repeats):
+    start, rounds = time.perf_counter(), 0
+    while rounds < repeats or time.perf_counter() - start < min_time:
         for name, c in compiled.items():
             t = clock()
             jax.block_until_ready(c(*args))
             times[name].append(clock() - t)
+        rounds += 1
     return times
 
 

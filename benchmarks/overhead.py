@@ -2,7 +2,9 @@
 
 Every ratio is measured side by side in one run: the functions compared are compiled first, then
 called in turn over several round-robin repeats (so that load from other processes slows all of
-them alike); the tables give the minimum and median times and the targets use ratios of medians.
+them alike), at least 2 seconds of them per case (``--min-time``), so that a case of a millisecond
+gets hundreds of calls; the tables give the minimum and median times and the targets use ratios
+of medians.
 Memory is XLA's ``temp_size_in_bytes`` of the compiled function. Cases (``--cases``):
 
 - ``vmap``: ``N = 200`` steps of ``u + dt * tanh(W @ u)``, 1000 float32, a shared 1000 x 1000
@@ -76,23 +78,34 @@ class Result:
     t_min: float  # seconds
     t_med: float
     value: np.ndarray
+    calls: int  # timed calls
 
 
 CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
 clock = CLOCK["wall"]  # set by --clock
 
 
+MIN_TIME = 2.0  # seconds of timed rounds per case at least (--min-time)
+
+
 def measure(fns, args, repeats):
     """Name -> :class:`Result` of each ``jit(fn)(*args)``: all compiled and warmed up first, then
-    timed round-robin."""
+    timed round-robin, ``repeats`` rounds and at least ``MIN_TIME`` seconds."""
     prepared = {}
     for name, fn in fns.items():
         prepared[name] = prepare(fn, *args)
         print(f"  compiled {name}: temp {prepared[name][3] / MiB:.2f} MiB, "
               f"{prepared[name][2]:.1f} s", flush=True)
-    times = time_round_robin({k: p[0] for k, p in prepared.items()}, args, repeats, clock)
-    return {k: Result(p[3], min(times[k]), statistics.median(times[k]), _flat(p[1]))
+    times = time_round_robin({k: p[0] for k, p in prepared.items()}, args, repeats, clock,
+                             MIN_TIME)
+    return {k: Result(p[3], min(times[k]), statistics.median(times[k]), _flat(p[1]),
+                      len(times[k]))
             for k, p in prepared.items()}
+
+
+def calls(res) -> int:
+    """How many timed calls each function of a :func:`measure` result had."""
+    return min(r.calls for r in res.values())
 
 
 def _flat(tree):
@@ -165,7 +178,7 @@ def case_vmap(repeats, markdown, large=False):
     retro = f"retrograde Revolve({s})"
     for kind in ("loss", "grad"):
         show_results(f"vmap: {kind}, N = {n}, {batch} x {dim} float32 states, a {dim} x {dim} "
-                     f"weight closed over, median of {repeats}",
+                     f"weight closed over, median of {calls(res)}",
                      {k: v for k, v in res.items() if k.endswith(kind)}, f"lax.scan: {kind}",
                      markdown)
     snaps = s * batch * dim * 4
@@ -212,7 +225,7 @@ def case_long(repeats, markdown, large=False):
         "retrograde Revolve(16)": jax.grad(retro(Revolve(16))),
     }
     res = measure(fns, args, repeats)
-    show_results(f"long: gradient, N = {n}, carry = {carry} float32, median of {repeats}",
+    show_results(f"long: gradient, N = {n}, carry = {carry} float32, median of {calls(res)}",
                  res, "lax.scan", markdown,
                  extra=("temp / carry", {k: f"{r.temp / cb:.1f}" for k, r in res.items()}))
     rn = res[nested_name]
@@ -277,7 +290,7 @@ def case_while(repeats, markdown, large=False):
            f"retrograde.while_loop Online({s})": jax.grad(while_loss),
            "lax.fori_loop": jax.grad(lax_loss)}
     res = measure(fns, args, repeats)
-    show_results(f"while: gradient, {n} steps, carry = {carry} float32, median of {repeats}",
+    show_results(f"while: gradient, {n} steps, carry = {carry} float32, median of {calls(res)}",
                  res, fori, markdown)
     return [Target("while", f"while_loop Online({s}) time / fori_loop Revolve({s})'s",
                    ratio_of(res, f"retrograde.while_loop Online({s})", fori), 1.3,
@@ -321,7 +334,7 @@ def case_hvp(repeats, markdown, large=False):
     names = list(loops)
     for kind in ("grad", "HVP"):
         show_results(f"hvp: {kind}, Kuramoto-Sivashinsky, {points} points float64, N = {n}, "
-                     f"median of {repeats}",
+                     f"median of {calls(res)}",
                      {k: r for k, r in res.items() if k.endswith(kind)}, f"lax.scan: {kind}",
                      markdown)
     retro, nested = names[0], names[1]
@@ -375,7 +388,7 @@ def case_diffrax(repeats, markdown, large=False):
                                   diffrax.RecursiveCheckpointAdjoint()))}
         res = measure(fns, (params,), repeats)
         ours, theirs = res["CheckpointAdjoint"], res["RecursiveCheckpointAdjoint"]
-        show_results(f"diffrax: gradient, {label} ({steps} steps), median of {repeats}", res,
+        show_results(f"diffrax: gradient, {label} ({steps} steps), median of {calls(res)}", res,
                      "RecursiveCheckpointAdjoint", markdown)
         targets.append(Target("diffrax", f"CheckpointAdjoint time / Recursive's, {label}",
                               ours.t_med / theirs.t_med, 1.05,
@@ -537,6 +550,9 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print the tables as markdown")
     ap.add_argument("--repeats", type=int, default=None,
                     help="timed rounds (default 7, diffrax 11; --quick: 3, diffrax 5)")
+    ap.add_argument("--min-time", type=float, default=None,
+                    help="seconds of timed rounds per case at least, so that fast cases get "
+                    "many rounds (default 2; --quick: 1)")
     ap.add_argument("--clock", choices=tuple(CLOCK), default="wall",
                     help="wall time (default) or the process's CPU time, steadier on a busy "
                     "machine")
@@ -550,8 +566,9 @@ def main(argv=None) -> int:
     if a.compile_child:
         compile_child(int(a.compile_child[0]), a.compile_child[1])
         return 0
-    global clock
+    global clock, MIN_TIME
     clock = CLOCK[a.clock]
+    MIN_TIME = a.min_time if a.min_time is not None else (1.0 if a.quick else 2.0)
     cases = [c.strip() for c in a.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
     if unknown:
