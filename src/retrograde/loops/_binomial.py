@@ -84,8 +84,9 @@ def _beta_row(s, s_max: int, q_max: int):
     ``TABLE_ROWS + 1`` rows, so nothing here grows with the slot count beyond that."""
     top = min(s_max, TABLE_ROWS)
     table = beta_table(top, q_max).astype(np.int32)
-    # One constant per column, each of ``top + 1`` entries: up to 127 slots every buffer the
-    # machine's step reads is at most 512 bytes, so XLA's CPU runtime runs it in order.
+    # One constant per column, each of ``top + 1`` entries: for the machine (``s_max = S + 1``)
+    # up to 126 slots every buffer its step reads is at most 512 bytes, so XLA's CPU runtime
+    # runs it in order.
     unit = np.eye(q_max + 1, dtype=np.int32)
     sc = jnp.clip(s, 0, top)
     row = sum(lax.dynamic_index_in_dim(jnp.asarray(table[:, q]), sc, 0, keepdims=False) * unit[q]

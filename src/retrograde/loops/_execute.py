@@ -475,7 +475,8 @@ class _Binomial:
     def __init__(self, n_slots, held, n_steps, at_hand, with_pairs=False):
         """``held()``: the held snapshots ``(steps, slots, count)`` as :func:`._machine.init`
         takes them. It is traced, with the machine's initial state and first action, in a
-        one-trip loop of its own, so that their many small kernels run in order there."""
+        conditional's branch of its own (:func:`_branch`), so that their many small kernels run
+        in order there."""
         self.with_pairs = with_pairs
 
         def init(n):
@@ -541,11 +542,14 @@ def _once(pred, f, operands):
     return lax.while_loop(lambda c: c[0], body, (pred, operands))[1]
 
 
+def _zeros_of(f, x):
+    """Zeros shaped as ``f(x)`` (a pytree), without running ``f``."""
+    return jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(f, x))
+
+
 def _once_returning(pred, f, x):
     """``f(x)``, a tuple whose first entry is like ``x``, computed as :func:`_once` does."""
-    blank = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype),
-                                   jax.eval_shape(f, x)[1:])
-    return _once(pred, lambda c: f(c[0]), (x, *blank))
+    return _once(pred, lambda c: f(c[0]), (x, *_zeros_of(f, x)[1:]))
 
 
 def _branch(pred, f, x):
@@ -553,9 +557,7 @@ def _branch(pred, f, x):
     branch, never taken, returns zeros). Like :func:`_once`, a thunk sequence of its own, but
     with no loop state to initialise: for a function that makes new arrays rather than updating
     ``x``."""
-    out = jax.eval_shape(f, x)
-    return lax.cond(pred, f, lambda _: jax.tree_util.tree_map(
-        lambda a: jnp.zeros(a.shape, a.dtype), out), x)
+    return lax.cond(pred, f, lambda y: _zeros_of(f, y), x)  # zeros made in the branch
 
 
 def _reverse(steps: _Steps, source, cur, slots, kbar, cbar, xbar):
@@ -619,8 +621,7 @@ def _source(tables: Tables):
         return _RowSource(tables)
     steps, slots, count = tables.held
     return _Binomial(tables.n_slots, lambda: (jnp.asarray(steps), jnp.asarray(slots), count),
-                     tables.length,
-                     at_hand=True)
+                     tables.length, at_hand=True)
 
 
 def adjoint(body: Body, tables: Tables, consts, carry0, xs, snaps, carry_bar, ys_bar, ymask,
