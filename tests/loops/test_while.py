@@ -110,6 +110,43 @@ def test_predicate_runs_once_per_forward_step():
     assert calls[0] == N + 1
 
 
+
+@pytest.mark.parametrize("n", [20, 50])
+def test_past_the_decision_table(monkeypatch, n):
+    """Steps beyond the ``Online`` rule's table (8192 steps, here patched to 20) evaluate the rule
+    in a loop of their own: the gradient matches the reference, the executed step evaluations
+    are the schedule's, and the predicate runs once per state, twice on the state where the
+    table's loop hands over (there only if the loop gets that far)."""
+    from retrograde.loops import _execute
+
+    monkeypatch.setattr(_execute, "DECISIONS", 20)
+    steps, preds = [0], [0]
+
+    def pred(st):
+        jax.debug.callback(lambda: preds.__setitem__(0, preds[0] + 1))
+        return st[0] < n
+
+    def f(theta):
+        def body(st):
+            jax.debug.callback(lambda: steps.__setitem__(0, steps[0] + 1))
+            return st[0] + 1, st[1] + 0.05 * jnp.sin(theta * st[1])
+
+        return jnp.sum(retrograde.while_loop(pred, body, (0, jnp.ones(2)), schedule=Online(4))[1])
+
+    def ref(theta):
+        u = jax.lax.fori_loop(0, n, lambda i, u: u + 0.05 * jnp.sin(theta * u), jnp.ones(2))
+        return jnp.sum(u)
+
+    g = jax.jit(jax.grad(f))
+    g(0.5).block_until_ready()
+    steps[0] = preds[0] = 0
+    got = g(0.5).block_until_ready()
+    jax.effects_barrier()
+    np.testing.assert_allclose(got, jax.grad(ref)(0.5), rtol=1e-12)
+    stats = simulate(Online(4), n)
+    assert steps[0] == stats.plain + stats.recorded
+    assert preds[0] == n + 1 + (n >= 20)
+
 def test_vmap_batched_predicate_with_first_order_body():
     """Batch elements that stop early are left alone by the fast body too."""
     def run(step):

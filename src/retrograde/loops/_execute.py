@@ -253,24 +253,32 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
     def run(phases, state):
         """Run the loop from ``state``, in phases ``[(place, stop), ...]``: the steps ``n <
         stop`` (``None``: the rest) store by ``place`` (``None``: nothing), each phase its own
-        loop. The predicate's value travels in the loop state, so it is evaluated once per state
-        however many phases there are."""
+        loop. The predicate is evaluated in the loops' conditions, which only read the state
+        (evaluated in the body and carried, it made XLA copy the counter and the state every
+        step, docs/performance.md). A later phase's loop evaluates it only from the step where
+        the phase begins, in a conditional: once per state, but twice on the state where a loop
+        that reaches the next phase hands over to it."""
 
         def one(place):
             def one(state):
-                n, carry, slots, held, _ = state
+                n, carry, slots, held = state
                 if place is not None:
                     slots, held = place(n, body.snapshot(carry), slots, held)
                 carry, _ = step(consts, carry, [])
-                return n + 1, carry, slots, held, go(n + 1, carry)
+                return n + 1, carry, slots, held
 
             return one
 
-        state = (*state, go(state[0], state[1]))
+        start = 0
         for place, stop in phases:
-            more = (lambda s: s[4]) if stop is None else (lambda s, stop=stop: s[4] & (s[0] < stop))
+            def more(s, start=start, stop=stop):
+                ok = go(s[0], s[1]) if start == 0 else lax.cond(
+                    s[0] >= start, go, lambda *_: jnp.bool_(False), s[0], s[1])
+                return ok if stop is None else ok & (s[0] < stop)
+
             state = lax.while_loop(more, one(place), state)
-        return state[:4]
+            start = stop
+        return state
 
     state = (i32(0), list(carry), slots, held)
     if not save:
