@@ -116,7 +116,8 @@ def test_past_the_decision_table(monkeypatch, n):
     """Steps beyond the ``Online`` rule's table (8192 steps, here patched to 20) evaluate the rule
     in a loop of their own: the gradient matches the reference, the executed step evaluations
     are the schedule's, and the predicate runs once per state, twice on the state where the
-    table's loop hands over (there only if the loop gets that far)."""
+    table's loop hands over (there only if the loop gets that far); also under ``vmap`` with a
+    batched predicate."""
     from retrograde.loops import _execute
 
     monkeypatch.setattr(_execute, "DECISIONS", 20)
@@ -146,6 +147,22 @@ def test_past_the_decision_table(monkeypatch, n):
     stats = simulate(Online(4), n)
     assert steps[0] == stats.plain + stats.recorded
     assert preds[0] == n + 1 + (n >= 20)
+
+    def batched(theta):  # a batched predicate: the elements stop at n and n + 3
+        def body(st):
+            return st[0] + 1, st[1] + 0.05 * jnp.sin(theta * st[1])
+
+        stop = n + 3 * (theta > 0.6)
+        return jnp.sum(retrograde.while_loop(lambda st: st[0] < stop, body, (0, jnp.ones(2)),
+                                             schedule=Online(4))[1])
+
+    def ref_at(theta, k):
+        u = jax.lax.fori_loop(0, k, lambda i, u: u + 0.05 * jnp.sin(theta * u), jnp.ones(2))
+        return jnp.sum(u)
+
+    got = jax.jit(jax.vmap(jax.grad(batched)))(jnp.asarray([0.5, 0.7]))
+    want = [jax.grad(ref_at)(0.5, n), jax.grad(ref_at)(0.7, n + 3)]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
 
 def test_vmap_batched_predicate_with_first_order_body():
     """Batch elements that stop early are left alone by the fast body too."""

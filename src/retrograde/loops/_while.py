@@ -12,8 +12,8 @@ for elements of a batch (under ``vmap`` with a batched predicate) that stopped b
 which run on until every element is done. Tangent and adjoint replay this step, so batching needs
 no special case beyond "continue while any element continues". Unbatched, every step the loop runs
 or replays is one whose predicate held, so execution skips the guard (``Body.guard``): the
-predicate is evaluated once per forward step (a loop that may run past the ``Online`` rule's
-table, 8192 steps, evaluates it once more on its last state) and never in the reverse sweep.
+predicate is evaluated once per forward step (twice on step 8192 of a loop that gets that far,
+where the ``Online`` rule's table hands over to the rule) and never in the reverse sweep.
 """
 
 from __future__ import annotations
