@@ -110,7 +110,6 @@ def test_predicate_runs_once_per_forward_step():
     assert calls[0] == N + 1
 
 
-
 @pytest.mark.parametrize("n", [20, 50])
 def test_past_the_decision_table(monkeypatch, n):
     """Steps beyond the ``Online`` rule's table (8192 steps, here patched to 20) evaluate the rule
@@ -123,45 +122,41 @@ def test_past_the_decision_table(monkeypatch, n):
     monkeypatch.setattr(_execute, "DECISIONS", 20)
     steps, preds = [0], [0]
 
-    def pred(st):
-        jax.debug.callback(lambda: preds.__setitem__(0, preds[0] + 1))
-        return st[0] < n
+    def advance(theta, u):
+        return u + 0.05 * jnp.sin(theta * u)
 
-    def f(theta):
+    def loss(theta, stop, tick=lambda: None):
         def body(st):
-            jax.debug.callback(lambda: steps.__setitem__(0, steps[0] + 1))
-            return st[0] + 1, st[1] + 0.05 * jnp.sin(theta * st[1])
+            tick()
+            return st[0] + 1, advance(theta, st[1])
 
-        return jnp.sum(retrograde.while_loop(pred, body, (0, jnp.ones(2)), schedule=Online(4))[1])
+        return jnp.sum(retrograde.while_loop(lambda st: st[0] < stop(st), body, (0, jnp.ones(2)),
+                                             schedule=Online(4))[1])
 
-    def ref(theta):
-        u = jax.lax.fori_loop(0, n, lambda i, u: u + 0.05 * jnp.sin(theta * u), jnp.ones(2))
-        return jnp.sum(u)
+    def ref(theta, k):
+        return jnp.sum(jax.lax.fori_loop(0, k, lambda i, u: advance(theta, u), jnp.ones(2)))
 
-    g = jax.jit(jax.grad(f))
+    def counted(st):  # the predicate's bound, counting its evaluations
+        jax.debug.callback(lambda: preds.__setitem__(0, preds[0] + 1))
+        return n
+
+    def tick():
+        jax.debug.callback(lambda: steps.__setitem__(0, steps[0] + 1))
+
+    g = jax.jit(jax.grad(lambda theta: loss(theta, counted, tick)))
     g(0.5).block_until_ready()
     steps[0] = preds[0] = 0
     got = g(0.5).block_until_ready()
     jax.effects_barrier()
-    np.testing.assert_allclose(got, jax.grad(ref)(0.5), rtol=1e-12)
+    np.testing.assert_allclose(got, jax.grad(ref)(0.5, n), rtol=1e-12)
     stats = simulate(Online(4), n)
     assert steps[0] == stats.plain + stats.recorded
     assert preds[0] == n + 1 + (n >= 20)
 
-    def batched(theta):  # a batched predicate: the elements stop at n and n + 3
-        def body(st):
-            return st[0] + 1, st[1] + 0.05 * jnp.sin(theta * st[1])
-
-        stop = n + 3 * (theta > 0.6)
-        return jnp.sum(retrograde.while_loop(lambda st: st[0] < stop, body, (0, jnp.ones(2)),
-                                             schedule=Online(4))[1])
-
-    def ref_at(theta, k):
-        u = jax.lax.fori_loop(0, k, lambda i, u: u + 0.05 * jnp.sin(theta * u), jnp.ones(2))
-        return jnp.sum(u)
-
-    got = jax.jit(jax.vmap(jax.grad(batched)))(jnp.asarray([0.5, 0.7]))
-    want = [jax.grad(ref_at)(0.5, n), jax.grad(ref_at)(0.7, n + 3)]
+    # A batched predicate: the elements stop at n and n + 3.
+    got = jax.jit(jax.vmap(jax.grad(lambda t: loss(t, lambda st: n + 3 * (t > 0.6)))))(
+        jnp.asarray([0.5, 0.7]))
+    want = [jax.grad(ref)(0.5, n), jax.grad(ref)(0.7, n + 3)]
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 def test_vmap_batched_predicate_with_first_order_body():

@@ -269,10 +269,10 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
 
             return one
 
-        start = 0
+        start = None  # the first step of the phase, None for the first phase
         for place, stop in phases:
             def more(s, start=start, stop=stop):
-                ok = go(s[0], s[1]) if start == 0 else lax.cond(
+                ok = go(s[0], s[1]) if start is None else lax.cond(
                     s[0] >= start, go, lambda *_: jnp.bool_(False), s[0], s[1])
                 return ok if stop is None else ok & (s[0] < stop)
 
