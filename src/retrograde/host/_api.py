@@ -236,8 +236,8 @@ def hvp(
     aug_step = _JaxStep(step, _AUG_STEPS.get(step, _aug_step))
     aug_losses = tuple(_LossImpl(t.term, _AUG_LOSSES.get(t.term.f, _aug_loss)) for t in terms)
     s0 = initial_state(state0, True)
-    sd = _tangent(state0_dot, s0, "state0_dot", "hvp")
-    pd = _tangent(params_dot, params, "params_dot", "hvp")
+    sd = _tangent(state0_dot, s0, "state0_dot", "hvp", True)
+    pd = _tangent(params_dot, params, "params_dot", "hvp", True)
     aug_until = None if until is None else (lambda n, s: until(n, s[0]))
     with ForwardPass(
         aug_step, aug_losses, (s0, sd), (params, pd), n_steps, schedule=schedule,
@@ -249,10 +249,11 @@ def hvp(
     return HessianProduct(value, Grads(g_p, g_u), Grads(h_p, h_u))
 
 
-def _tangent(tangent, primal, name, where):
+def _tangent(tangent, primal, name, where, jax_step):
     """A private copy of ``tangent`` (``None``: zero) with the structure, shapes and floating
-    dtypes of ``primal``; plain ``0.0`` leaves or subtrees are zeros."""
-    spec = TreeSpec(primal, name.removesuffix("_dot"))
+    dtypes of ``primal`` as the step computes it (``jax_step``: a JAX one); plain ``0.0`` leaves
+    or subtrees are zeros."""
+    spec = TreeSpec(primal, name.removesuffix("_dot"), jax_step)
     if tangent is None:
         return spec.materialize([None] * len(spec))
     leaves = spec.check_cotangent(tangent, where, name, verb="got")
@@ -309,9 +310,10 @@ def jvp(
     if n_steps is None and until is None:
         raise ValueError("jvp needs n_steps or until=lambda n, state: <stop?>.")
     state = initial_state(state0, impl.is_jax)
-    sspec, pspec = TreeSpec(state, "state"), TreeSpec(params, "params")
-    sdot = _tangent(state0_dot, state, "state0_dot", "jvp")
-    pdot = private(_tangent(params_dot, params, "params_dot", "jvp"), copy=False)
+    sspec = TreeSpec(state, "state", impl.is_jax)
+    pspec = TreeSpec(params, "params", impl.is_jax)
+    sdot = _tangent(state0_dot, state, "state0_dot", "jvp", impl.is_jax)
+    pdot = private(_tangent(params_dot, params, "params_dot", "jvp", impl.is_jax), copy=False)
     params = private(params, copy=True)
     J, Jdot = 0.0, 0.0
 

@@ -101,10 +101,11 @@ def _copy_tree(tree, dtypes=None):
 
 def initial_state(state0, is_jax: bool):
     """A private NumPy copy of ``state0`` (the step may update it in place); for a JAX step in the
-    dtypes JAX computes in (float32 for float64 leaves unless ``jax_enable_x64``)."""
+    dtypes JAX computes in (:func:`dtype_of`: float32 for float64 leaves and for Python floats
+    unless ``jax_enable_x64``)."""
     dtypes = None
     if is_jax:
-        dtypes = [jax.dtypes.canonicalize_dtype(dtype_of(x)) for x in tree_util.tree_leaves(state0)]
+        dtypes = [dtype_of(x, jax_step=True) for x in tree_util.tree_leaves(state0)]
     return _copy_tree(state0, dtypes)
 
 
@@ -205,8 +206,8 @@ class ForwardPass:
         self.value = None
         self.state = None
         state = initial_state(state0, step.is_jax)
-        self._sspec = TreeSpec(state, "state")
-        self._pspec = TreeSpec(params, "params")
+        self._sspec = TreeSpec(state, "state", step.is_jax)
+        self._pspec = TreeSpec(params, "params", step.is_jax)
         self._params = private(params, copy=not single)
         if step.is_jax:  # a JAX step gets its parameters on the device once, not at every call
             self._params = jax.device_put(self._params)

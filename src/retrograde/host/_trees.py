@@ -25,10 +25,31 @@ tree_util = jax.tree_util
 _SCALARS = (bool, int, float, complex)
 
 
-def dtype_of(x) -> np.dtype:
-    """The dtype of an array-like leaf (NumPy, JAX or a Python scalar)."""
+#: The type a Python scalar stands for before canonicalization (bool before int: a subclass).
+_SCALAR_TYPES = ((bool, np.bool_), (int, np.int64), (float, np.float64), (complex, np.complex128))
+
+
+def dtype_of(x, jax_step: bool = False) -> np.dtype:
+    """The dtype a step computes an array-like leaf (NumPy, JAX or a Python scalar) in.
+
+    For NumPy code (``jax_step=False``) the leaf's own dtype, NumPy's for a Python scalar
+    (``float`` -> float64). For a JAX step the dtype JAX gives it: canonicalized (float64 ->
+    float32 unless ``jax_enable_x64``), and for a Python scalar, which JAX types weakly, JAX's
+    default type of its kind (``float`` -> float32, or float64 under x64; ``int`` -> int32/int64;
+    ``complex`` -> complex64/complex128). This is the one place where a leaf's expected dtype
+    (and so its cotangent's) is decided.
+
+    Example: ``dtype_of(1.0)`` is float64; ``dtype_of(1.0, jax_step=True)`` is float32 unless
+    ``jax_enable_x64``.
+    """
     dt = getattr(x, "dtype", None)
-    return np.dtype(dt) if dt is not None else np.result_type(x)
+    if not jax_step:
+        return np.dtype(dt) if dt is not None else np.result_type(x)
+    if dt is None:
+        dt = next((d for t, d in _SCALAR_TYPES if isinstance(x, t)), None)
+        if dt is None:
+            dt = np.result_type(x)
+    return np.dtype(jax.dtypes.canonicalize_dtype(dt))
 
 
 def is_plain_zero(x) -> bool:
@@ -104,15 +125,19 @@ def _scale_own(x, c):
 
 
 class TreeSpec:
-    """Structure, shapes and dtypes of a pytree (``kind``: "state" or "params").
+    """Structure, shapes and dtypes of a pytree (``kind``: "state" or "params") as the step
+    computes it: ``jax_step`` says whether that is a JAX step (see :func:`dtype_of`: a Python
+    float leaf is then float32 unless ``jax_enable_x64``, not NumPy's float64).
 
     A leaf that is not an array or a scalar (an opaque object in the parameters) is not checked;
-    its cotangent may be anything and defaults to ``0.0``.
+    its cotangent may be anything and defaults to ``0.0``. The cotangent of a floating or complex
+    leaf has the leaf's dtype; that of an integer or bool leaf is float64 (for a JAX step: the
+    canonical float, float32 unless ``jax_enable_x64``).
 
     Example: ``TreeSpec({"u": np.zeros(3)}, "state").name(0)`` is ``"state['u']"``.
     """
 
-    def __init__(self, tree, kind: str):
+    def __init__(self, tree, kind: str, jax_step: bool = False):
         flat, self.treedef = tree_util.tree_flatten_with_path(tree)
         self.kind = kind
         self.paths = [tree_util.keystr(p) for p, _ in flat]
@@ -121,12 +146,13 @@ class TreeSpec:
         for _, x in flat:
             if _is_array_leaf(x):
                 self.shapes.append(tuple(np.shape(x)))
-                self.dtypes.append(dtype_of(x))
+                self.dtypes.append(dtype_of(x, jax_step))
             else:
                 self.shapes.append(None)
                 self.dtypes.append(None)
+        real = dtype_of(0.0, jax_step)  # the cotangent dtype of integer and bool leaves
         self.cot_dtypes = [
-            None if d is None else (d if np.issubdtype(d, np.inexact) else np.dtype(np.float64))
+            None if d is None else (d if np.issubdtype(d, np.inexact) else real)
             for d in self.dtypes
         ]
         self._index = tree_util.tree_unflatten(self.treedef, range(len(flat)))
