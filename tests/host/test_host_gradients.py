@@ -361,3 +361,121 @@ def test_zero_params_bar_may_be_a_plain_zero():
     assert J == pytest.approx(3 * 1.1**8)
     assert isinstance(g.params, dict) and np.all(g.params["b"] == 0)
     np.testing.assert_allclose(g.state0, 2 * 1.1**8 * np.ones(3))
+
+
+# ---------------------------------------------------------------- Python scalars (weak types)
+def _weak_step(n, u, p):
+    return jax.tree_util.tree_map(lambda x: x + 0.1 * jnp.sin(p["a"] * x) + p["c"] * x * n, u)
+
+
+def _weak_f(n, u, p):
+    return p["a"] * sum(jnp.sum(x**2) for x in jax.tree_util.tree_leaves(u))
+
+
+def _weak_reference(kind, s0, p, n_steps):
+    """J and its gradient from jax.grad of the same loop written as a Python loop."""
+
+    def J(p, s):
+        total = 0.0
+        for n in range(n_steps):
+            s = _weak_step(n, s, p)
+            if kind == "Running":
+                total = total + _weak_f(n + 1, s, p)
+        return total + (_weak_f(n_steps, s, p) if kind == "Final" else 0.0)
+
+    return jax.value_and_grad(J, argnums=(0, 1))(p, s0)
+
+
+WEAK_STATES = {"float": lambda: 0.7, "list": lambda: [0.7, -0.4],
+               "array": lambda: np.array([0.7, -0.4, 1.1])}
+
+
+@pytest.mark.parametrize("x64", [False, True], ids=["float32", "x64"])
+@pytest.mark.parametrize("kind", ["Final", "Running"])
+@pytest.mark.parametrize("state", list(WEAK_STATES))
+def test_jax_step_with_python_scalars_follows_jax_weak_types(x64, kind, state):
+    """A JAX step given Python float parameters and states (and, below, a NumPy float64
+    parameter): under default JAX the driver computes in float32, as JAX does, and checks the
+    cotangents against that (issue #31: it used to require float64 from a function of its own);
+    the gradient is jax.grad's of the same loop, with the structure of the inputs."""
+    rtol, dtype = (1e-12, np.float64) if x64 else (1e-5, np.float32)
+    n_steps = 10
+    loss = getattr(rh, kind)(_weak_f)
+    with jax.enable_x64(x64):
+        for p in ({"a": 1.3, "c": 0.02}, {"a": np.float64(1.3), "c": np.array(0.02)}):
+            s0 = WEAK_STATES[state]()
+            J_ref, (gp_ref, gs_ref) = _weak_reference(kind, s0, p, n_steps)
+            J, g = rh.value_and_grad(_weak_step, loss, s0, p, n_steps, schedule=rs.Revolve(3))
+            with rh.forward(_weak_step, s0, p, n_steps, schedule=rs.Revolve(3), loss=loss) as fp:
+                g2 = fp.vjp()
+                g3 = fp.vjp(loss_bar=2.0)
+            assert J == pytest.approx(float(J_ref), rel=rtol)
+            assert fp.value == pytest.approx(float(J_ref), rel=rtol)
+            for got in (g, g2, jax.tree_util.tree_map(lambda x: x / 2, g3)):
+                assert jax.tree_util.tree_structure(got.params) == \
+                    jax.tree_util.tree_structure(p)
+                assert jax.tree_util.tree_structure(got.state0) == \
+                    jax.tree_util.tree_structure(s0)
+                for a, b in zip(jax.tree_util.tree_leaves((got.params, got.state0)),
+                                jax.tree_util.tree_leaves((gp_ref, gs_ref))):
+                    assert np.asarray(a).dtype == dtype
+                    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol,
+                                               atol=rtol * 1e-2)
+
+
+@pytest.mark.parametrize("x64", [False, True], ids=["float32", "x64"])
+def test_hvp_and_jvp_with_python_scalars(x64):
+    """hvp and jvp share the path: Python float parameters, state and directions under default
+    (float32) JAX and under x64, against jax.jvp of jax.grad of the same loop."""
+    rtol, dtype = (1e-5, np.float32) if x64 is False else (1e-12, np.float64)
+    n_steps = 8
+    with jax.enable_x64(x64):
+        p, pd = {"a": 1.3, "c": 0.02}, {"a": 0.5, "c": -1.0}
+        s0, sd = [0.7, -0.4], [1.0, 0.25]
+
+        def J(p, s):
+            return _weak_reference("Final", s, p, n_steps)[0]
+
+        (g_ref, dg_ref) = jax.jvp(jax.grad(J, argnums=(0, 1)), (p, s0), (pd, sd))
+        J_ref, J_dot_ref = jax.jvp(J, (p, s0), (pd, sd))
+        loss = rh.Final(_weak_f)
+        hp = rh.hvp(_weak_step, loss, s0, p, n_steps, pd, sd, schedule=rs.Revolve(3))
+        assert hp.value == pytest.approx(float(J_ref), rel=rtol)
+        for got, ref in ((hp.grad, g_ref), (hp.hvp, dg_ref)):
+            for a, b in zip(jax.tree_util.tree_leaves((got.params, got.state0)),
+                            jax.tree_util.tree_leaves(ref)):
+                assert np.asarray(a).dtype == dtype
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=rtol)
+        t = rh.jvp(_weak_step, s0, p, n_steps, sd, pd, loss=loss)
+        assert t.value == pytest.approx(float(J_ref), rel=rtol)
+        assert t.value_dot == pytest.approx(float(J_dot_ref), rel=rtol)
+        assert all(np.asarray(x).dtype == dtype for x in t.state_dot)
+
+
+def test_numpy_step_keeps_float64_for_python_scalars():
+    """A hand-written NumPy step computes Python scalars in NumPy's float64, x64 or not."""
+    step = rh.Step(lambda n, u, a: u * a, lambda n, u, a, b: (b * a, np.sum(b * u)))
+    loss = rh.Final(lambda n, u, a: np.sum(u**2), grad=lambda n, u, a: (2 * u, 0.0))
+    with jax.enable_x64(False):
+        J, g = rh.value_and_grad(step, loss, 1.0, 1.5, 3, schedule=rs.Revolve(2))
+    assert J == 1.5**6
+    assert np.asarray(g.params).dtype == np.float64 and g.params == 6 * 1.5**5
+    assert np.asarray(g.state0).dtype == np.float64 and g.state0 == 2 * 1.5**6
+
+
+@pytest.mark.parametrize("x64", [False, True], ids=["float32", "x64"])
+def test_leaf_dtype_is_decided_as_jax_decides_it(x64):
+    from retrograde.host._trees import TreeSpec, dtype_of
+
+    bits = 64 if x64 else 32
+    with jax.enable_x64(x64):
+        tree = {"f": 1.0, "i": 3, "z": 1j, "b": True, "a": np.zeros(2), "h": np.float16(1)}
+        want = {"f": f"float{bits}", "i": f"int{bits}", "z": f"complex{2 * bits}", "b": "bool",
+                "a": f"float{bits}", "h": "float16"}
+        spec = TreeSpec(tree, "params", jax_step=True)
+        assert [str(d) for d in spec.dtypes] == [want[k] for k in sorted(tree)]
+        assert [str(d) for d in spec.cot_dtypes] == [
+            want[k] if k in "fzah" else f"float{bits}" for k in sorted(tree)]
+        # a NumPy step: NumPy's dtypes, x64 or not
+        assert [str(dtype_of(x)) for x in (1.0, 3, 1j, np.zeros(2))] == [
+            "float64", "int64", "complex128", "float64"]
