@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Iterator
 
 from ._actions import Action, Advance, End, Free, Record, Restore, Store
-from ._base import Level, OfflineSchedule, check_steps
+from ._base import Level, OfflineSchedule, OnlineRun, check_steps
 from ._revolve import Revolve
 
 __all__ = ["StoreAll", "RecomputeAll", "Periodic"]
@@ -39,6 +39,44 @@ class StoreAll(OfflineSchedule):
 
     def binomial_stores(self, n_steps: int) -> tuple[int, ...]:
         return tuple(range(check_steps(n_steps) - 1))
+
+    def start(self) -> OnlineRun:
+        """The same placement for a loop whose step count is unknown (the online protocol of
+        :class:`~retrograde.schedules.OnlineRun`): ``u_n`` stored before every step, so ``N``
+        slots (one more than :meth:`actions`, since the last step is not known to be the last),
+        ``N`` plain evaluations forward and none in the reversal.
+
+        Example:
+            >>> run = StoreAll().start()
+            >>> [run.on_step(n) for n in range(2)]
+            [(Store(step=0, slot=0, level=0),), (Store(step=1, slot=1, level=0),)]
+            >>> list(run.reverse(2))[:3]
+            [Restore(step=1, slot=1, level=0), Record(step=1), Free(step=1, slot=1, level=0)]
+        """
+        return _StoreEveryStep()
+
+
+class _StoreEveryStep(OnlineRun):
+    """:meth:`StoreAll.start`: every state stored as the loop runs."""
+
+    def __init__(self):
+        self._next = 0
+
+    def on_step(self, n: int) -> tuple[Action, ...]:
+        if n != self._next:
+            raise ValueError(f"on_step(n={n}): steps must be reported in order; expected "
+                             f"n={self._next}.")
+        self._next += 1
+        return (Store(n, n, 0),)
+
+    def reverse(self, n_steps: int) -> Iterator[Action]:
+        if n_steps != self._next:
+            raise ValueError(f"reverse(n_steps={n_steps}): {self._next} steps were taken.")
+        for n in range(n_steps - 1, -1, -1):
+            yield Restore(n, n, 0)
+            yield Record(n)
+            yield Free(n, n, 0)
+        yield End()
 
 
 @dataclasses.dataclass(frozen=True)

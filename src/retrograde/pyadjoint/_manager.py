@@ -1,0 +1,556 @@
+"""Executing a retrograde schedule on a pyadjoint tape.
+
+pyadjoint asks its checkpoint manager at three points: ``Tape.end_timestep`` (taping),
+``ReducedFunctional.__call__`` (:meth:`CheckpointManager.recompute`) and ``Tape.evaluate_adj``
+(:meth:`CheckpointManager.evaluate_adj`); the tape installed by
+:func:`~retrograde.pyadjoint.enable_checkpointing` also routes ``evaluate_tlm``,
+``evaluate_hessian`` and every dependency read while taping (``add_to_checkpointable_state``)
+here.
+
+**States.** ``u_n``, the state at boundary ``n``, is every block variable made before step ``n``
+and read in step ``n`` or later (:class:`~._graph.TapeGraph`); the tape's inputs (controls,
+constants) are never stored or cleared. The state at hand lives where pyadjoint's blocks read it:
+in the variables' checkpoints (and, in tangent sweeps, their ``tlm_value``).
+
+**Sweeps.** As in the host driver (:mod:`retrograde.host`), a *first sweep* runs every step once
+and lays the schedule's forward snapshots: the taping itself, then each
+``ReducedFunctional.__call__`` (plain) or ``tlm`` (with tangents). A *reverse part* executes the
+rest of the schedule from those snapshots: ``evaluate_adj`` (``Record(n)``: recompute step
+``n``, then its blocks' adjoints in reverse) and ``evaluate_hessian`` (one augmented sweep:
+recompute with tangents, then adjoint and second-order adjoint per block). First-sweep snapshots
+persist, so derivatives can be taken again without re-evaluating; a reverse part frees its own.
+Every action is first executed by a :class:`~retrograde.schedules.Simulator`, so the counts are
+those of :func:`~retrograde.schedules.simulate`: a first sweep costs ``N`` step evaluations, a
+reverse part ``plain - (N - 1)`` plain and ``N`` recorded ones (offline schedules; an online
+one's reverse part ``plain - N`` and ``N``).
+
+**Taping.** The step count is unknown while taping unless ``n_steps`` was given: an offline
+schedule without it places its snapshots online (``Revolve(s)`` as ``Online(s)``, ``StoreAll``
+and ``RecomputeAll`` as themselves); later first sweeps use ``actions(N)`` for the count taped.
+A snapshot laid while taping is filled as later steps read what it must hold: when step ``m``
+reads a variable made in step ``c < m``, its value (the live object's, which still holds that
+variable's value at the read) joins every held taping snapshot of a boundary in ``(c, m]``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterable, Iterator
+
+from pyadjoint.tape import stop_annotating
+
+from ..schedules import (
+    Advance, End, Executor, Free, Online, OfflineSchedule, OnlineSchedule, RecomputeAll, Record,
+    Restore, Revolve, Schedule, ScheduleError, Simulator, StoreAll, Store, check_steps,
+)
+from ._graph import TapeGraph
+from ._guard import GuardedBlockVariable, MissingValueError, describe, guard
+from ._slots import is_delegated, materialise, open_store
+
+__all__ = ["CheckpointManager", "Counts"]
+
+
+@dataclasses.dataclass
+class Counts:
+    """What the manager executed so far.
+
+    ``steps``: step evaluations without adjoint (first sweeps, recomputations); ``recorded``:
+    steps recomputed and reversed; ``writes``/``reads``: snapshot entries stored/restored, per
+    level.
+    """
+
+    steps: int = 0
+    recorded: int = 0
+    writes: list = dataclasses.field(default_factory=list)
+    reads: list = dataclasses.field(default_factory=list)
+
+
+class _Snapshot:
+    """The entries of one stored state: ``step``, the level's ``store``, ``entries`` (block
+    variable -> entry)."""
+
+    __slots__ = ("step", "store", "entries", "level")
+
+    def __init__(self, step: int, level: int, store):
+        self.step = step
+        self.level = level
+        self.store = store
+        self.entries: dict = {}
+
+    def release(self) -> None:
+        for entry in self.entries.values():
+            self.store.free(entry)
+        self.entries = {}
+
+
+def _taping_run(schedule: Schedule):
+    """The online run that places an offline ``schedule``'s snapshots while the count is unknown."""
+    if isinstance(schedule, OnlineSchedule):
+        return schedule.start()
+    if isinstance(schedule, Revolve):
+        return Online(schedule.snapshots).start()
+    if isinstance(schedule, StoreAll):
+        return schedule.start()
+    if isinstance(schedule, RecomputeAll):
+        return Online(1).start()
+    raise ValueError(
+        f"enable_checkpointing({schedule!r}) needs n_steps: the step count must be known before "
+        "taping for this schedule (Revolve, StoreAll, RecomputeAll and Online place their "
+        "snapshots without it). Pass n_steps=<the number of time steps>."
+    )
+
+
+class _Peek:
+    """An action stream with one action of look-ahead; counts the actions taken."""
+
+    def __init__(self, actions: Iterable):
+        self._it = iter(actions)
+        self._next = next(self._it, None)
+        self.taken = 0
+
+    def peek(self):
+        return self._next
+
+    def take(self):
+        a = self._next
+        self._next = next(self._it, None)
+        self.taken += 1
+        return a
+
+
+class CheckpointManager:
+    """Runs a retrograde schedule on one pyadjoint tape (see the module docstring).
+
+    Args:
+        schedule: any retrograde schedule; its levels with ``storage="disk"`` store on disk.
+        tape: the pyadjoint tape (empty).
+        n_steps: the number of time steps, if known before taping.
+    """
+
+    def __init__(self, schedule: Schedule, tape, n_steps: int | None = None):
+        if not isinstance(schedule, (OfflineSchedule, OnlineSchedule)):
+            raise TypeError(
+                f"enable_checkpointing(schedule=...) must be a retrograde schedule such as "
+                f"retrograde.schedules.Revolve(10), got {schedule!r}. (checkpoint_schedules "
+                "objects are for tape.enable_checkpointing, pyadjoint's own manager.)"
+            )
+        self.schedule = schedule
+        self.tape = tape
+        self.n_given = None if n_steps is None else check_steps(n_steps, "n_steps")
+        self.levels = tuple(schedule.levels)
+        self.stores = [open_store(level, tape) for level in self.levels]
+        self.counts = Counts(writes=[0] * len(self.levels), reads=[0] * len(self.levels))
+        self.graph: TapeGraph | None = None
+        self.functional = None  # the block variable of the last functional recomputed
+        self.seeds: list = []  # (block variable, adjoint value) of the last evaluate_adj
+        self._controls: set = set()
+        self._tangent_first = False  # the last first sweep carried tangents
+        for p in tape._package_data.values():
+            p.pause_checkpointing()
+        # taping
+        self.taping = True
+        self._online = isinstance(schedule, OnlineSchedule) or self.n_given is None
+        self._check = Simulator(self.levels, None if self._online else self.n_given)
+        if self._online:
+            self._run = (schedule.start() if isinstance(schedule, OnlineSchedule)
+                         else _taping_run(schedule))
+            self._stream = None
+        else:
+            self._run = None
+            self._stream = _Peek(schedule.actions(self.n_given))
+        self._persistent: dict = {}  # (level, slot) -> _Snapshot of the first sweep
+        self._covered: dict = {}  # block variable -> the last boundary its value was added to
+        self._hand_capture: dict = {}  # block variable -> value: step m's reads of earlier steps
+        self._boundary = 0
+        self._hand: dict | None = None
+        self._prefix_len: int | None = None
+        self._online_saved = None
+        tape._blocks.append_step()
+        tape.latest_checkpoint = 0
+        tape._eagerly_checkpoint_outputs = False
+        self._begin_taping_step(0)
+
+    # ------------------------------------------------------------------ taping
+    def _begin_taping_step(self, b: int) -> None:
+        """Execute the schedule's actions at boundary ``b`` (taping has ``u_b`` at hand)."""
+        if self._online:
+            for a in self._run.on_step(b):
+                self._check.execute(a)
+                self._taping_action(a)
+            self._check.execute(Advance(b, b + 1))
+            return
+        s = self._stream
+        while True:
+            a = s.peek()
+            if type(a) in (Store, Free) and a.step == b:
+                self._check.execute(s.take())
+                self._taping_action(a)
+            else:
+                if type(a) is Advance and a.start == b:
+                    self._check.execute(s.take())
+                return
+
+    def _taping_action(self, a) -> None:
+        key = (a.level, a.slot)
+        if type(a) is Store:
+            self._persistent[key] = _Snapshot(a.step, a.level, self.stores[a.level])
+            self.counts.writes[a.level] += 1
+        else:  # Free
+            self._persistent.pop(key).release()
+
+    def end_timestep(self, timestep: int) -> None:
+        """pyadjoint's hook: step ``timestep`` is taped, the next one begins."""
+        if not self.taping:
+            raise ScheduleError(
+                "the tape cannot take more time steps: it was already evaluated or "
+                "differentiated. Tape the whole loop before calling the ReducedFunctional.")
+        b = timestep + 1
+        if self.n_given is not None and b >= self.n_given:
+            raise ScheduleError(
+                f"the loop takes more than n_steps={self.n_given} time steps; pass "
+                f"enable_checkpointing(..., n_steps=<the number of time steps>) or none.")
+        self._clear_taping_step(timestep)
+        self._hand_capture = {}
+        self._boundary = b
+        self.tape._blocks.append_step()
+        self._begin_taping_step(b)
+
+    def _clear_taping_step(self, m: int) -> None:
+        """Drop pyadjoint's own copies made while taping step ``m`` (its reads and outputs):
+        what later sweeps need is in the taping snapshots."""
+        for block in self.tape.timesteps[m]:
+            for bv in block.get_outputs():
+                bv._checkpoint = None
+            for bv in block.get_dependencies():
+                if bv.creation_timestep >= 0 and bv.creation_timestep < m:
+                    bv._checkpoint = None
+
+    def capture_read(self, bv, last_used: int) -> None:
+        """A block of the step being taped reads ``bv`` (pyadjoint's
+        ``add_to_checkpointable_state``): add its value to the snapshots that must hold it."""
+        c = bv.creation_timestep
+        m = self._boundary
+        if c < 0 or c >= m:
+            return  # a tape input, or made in this step
+        value = bv._checkpoint
+        if value is None or is_delegated(value):
+            with stop_annotating():
+                value = bv.output._ad_create_checkpoint()  # the live object still holds bv's value
+        self._hand_capture.setdefault(bv, value)
+        done = self._covered.get(bv, c)
+        if done >= m:
+            return
+        for snap in self._persistent.values():
+            if done < snap.step <= m and bv not in snap.entries:
+                snap.entries[bv] = snap.store.put(snap.step, bv, value, None)
+        self._covered[bv] = m
+
+    def _end_taping(self) -> None:
+        """The loop is taped: fix ``N``, guard every variable, prepare the first reverse part."""
+        tape = self.tape
+        N = len(tape.timesteps)
+        if self.n_given is not None and N != self.n_given:
+            raise ScheduleError(
+                f"the loop took {N} time steps but enable_checkpointing was given "
+                f"n_steps={self.n_given}; pass the number of steps the loop takes, or none.")
+        self._clear_taping_step(N - 1)
+        self.graph = g = TapeGraph(tape.timesteps)
+        for n, blocks in enumerate(g.steps):
+            for block in blocks:
+                for bv in block.get_outputs():
+                    guard(bv, n, block)
+        for snap in self._persistent.values():
+            missing = [bv for bv in g.live[snap.step] if bv not in snap.entries]
+            if missing:
+                raise MissingValueError(
+                    f"the snapshot of step {snap.step} lacks {describe(missing[0])}: it was not "
+                    "read through a block dependency while taping.")
+        if self._online:
+            self._check.stopped(N)
+            self._online_saved = copy.deepcopy(self._run)
+            self._hand = None
+        else:
+            if self._check.current != N - 1:
+                raise ScheduleError(f"the schedule stopped at step {self._check.current}, "
+                                    f"not {N - 1}.")
+            self._prefix_len = self._stream.taken
+            self._hand = {bv: (v, None) for bv, v in self._hand_capture.items()}
+        self._hand_capture = {}
+        self._covered = {}
+        self._stream = self._run = None
+        self._checked = self._check
+        self._taped_online = self._online
+        self.taping = False
+        # later first sweeps know N: an offline schedule plays actions(N)
+        self._online = isinstance(self.schedule, OnlineSchedule)
+
+    def _ensure_taped(self) -> None:
+        if self.taping:
+            self._end_taping()
+
+    # ------------------------------------------------------------------ pyadjoint's hooks
+    def recompute(self, functional=None) -> None:
+        """pyadjoint's hook in ``ReducedFunctional.__call__``: a first sweep at the controls'
+        values."""
+        self._ensure_taped()
+        if functional is not None:
+            self.functional = functional.block_variable
+        self._note_controls()
+        self._first_sweep(tangent=False, markings=False)
+
+    def evaluate_adj(self, last_block: int, markings: bool) -> None:
+        """pyadjoint's hook in ``Tape.evaluate_adj``: the reverse part of the schedule."""
+        if last_block != 0:
+            raise NotImplementedError("retrograde.pyadjoint reverses the whole tape only "
+                                      "(last_block=0).")
+        self._ensure_taped()
+        self._note_controls()
+        self.seeds = [(bv, bv.adj_value) for bv in self._outputs() if bv.adj_value is not None]
+        self._reverse(hessian=False, markings=markings)
+
+    def evaluate_tlm(self, markings: bool = False) -> None:
+        """``Tape.evaluate_tlm``: a first sweep with tangents (its snapshots hold them, for a
+        Hessian's reverse part)."""
+        self._ensure_taped()
+        self._first_sweep(tangent=True, markings=markings)
+
+    def evaluate_hessian(self, markings: bool = False) -> None:
+        """``Tape.evaluate_hessian``: one augmented reverse part (tangents, adjoints and
+        second-order adjoints), after a tangent first sweep unless ``tlm`` just ran one."""
+        self._ensure_taped()
+        if not self.seeds:
+            raise ValueError(
+                "hessian() needs the adjoint seed of a derivative: call rf.derivative() before "
+                "rf.hessian(...), as with pyadjoint's own tape.")
+        if not self._tangent_first:
+            self._first_sweep(tangent=True, markings=markings)
+        with stop_annotating():
+            for bv in self._outputs():
+                bv.adj_value = None
+            for bv, value in self.seeds:
+                bv.adj_value = value
+        self._reverse(hessian=True, markings=markings)
+
+    # ------------------------------------------------------------------ sweeps
+    def _outputs(self) -> Iterator:
+        for blocks in self.graph.steps:
+            for block in blocks:
+                yield from block.get_outputs()
+
+    def _note_controls(self) -> None:
+        """Remember block outputs marked as controls (their values are the user's)."""
+        for bv in self._outputs():
+            if bv.is_control:
+                self._controls.add(bv)
+
+    def _drop_persistent(self) -> None:
+        for snap in self._persistent.values():
+            snap.release()
+        self._persistent = {}
+        self._hand = None
+
+    def _first_sweep(self, tangent: bool, markings: bool) -> None:
+        g = self.graph
+        N = g.n_steps
+        self._drop_persistent()
+        for p in self.tape._package_data.values():
+            p.reset()
+            p.pause_checkpointing()
+        check = Simulator(self.levels, None if self._online else N)
+        sweep = _Sweep(self, {}, check, temp=None, tangent=tangent, markings=markings)
+        sweep.at = 0
+        with stop_annotating():
+            if self._online:
+                run = self.schedule.start()
+                sweep.run(run.forward(lambda n: n < N))
+                check.stopped(N)
+                self._online_saved = copy.deepcopy(run)
+                self._prefix_len = None
+            else:
+                self._prefix_len = sweep.run(self.schedule.actions(N), first_sweep=True)
+                self._online_saved = None
+            cur = check.current
+            if cur < N:
+                self._hand = sweep.hold(cur)
+                sweep.advance_to(cur, N)
+        self._persistent = sweep.slots
+        self._checked = check
+        self._taped_online = self._online
+        self._tangent_first = tangent
+
+    def _reverse_actions(self) -> Iterator:
+        N = self.graph.n_steps
+        if self._online_saved is not None:
+            return copy.deepcopy(self._online_saved).reverse(N)
+        it = self.schedule.actions(N)
+        for _ in range(self._prefix_len):
+            next(it)
+        return it
+
+    def _reverse(self, hessian: bool, markings: bool) -> None:
+        sweep = _Sweep(self, dict(self._persistent), self._checked.copy(), temp=set(),
+                       tangent=hessian, markings=markings, hessian=hessian)
+        try:
+            with stop_annotating():
+                if self._hand is not None:
+                    sweep.load(self._checked.current, self._hand)
+                sweep.run(self._reverse_actions())
+                if sweep.check.next_record != -1:
+                    raise ScheduleError(
+                        f"the schedule ended before step {sweep.check.next_record} was recorded.")
+        finally:
+            for snap in sweep.temp:
+                snap.release()
+            GuardedBlockVariable.running_step = None
+
+
+class _Sweep(Executor):
+    """Executes the actions of one sweep on the tape, each after the simulator ``check``.
+
+    ``at``: the step whose state is at hand (in the block variables' checkpoints), ``None``
+    after a ``Record``. ``slots``: (level, slot) -> :class:`_Snapshot`. ``temp``: ``None`` in a
+    first sweep (its snapshots persist), else the set of snapshots this reverse part made.
+    """
+
+    def __init__(self, m: CheckpointManager, slots: dict, check: Simulator, temp: set | None,
+                 tangent: bool, markings: bool, hessian: bool = False):
+        self.m = m
+        self.g = m.graph
+        self.slots = slots
+        self.check = check
+        self.temp = temp
+        self.tangent = tangent
+        self.hessian = hessian
+        self.markings = markings
+        self.at: int | None = None
+        last = self.g.n_steps - 1
+        self.keep = {bv for bv in self.g.outputs(last)} if last >= 0 else set()
+        if m.functional is not None:
+            self.keep.add(m.functional)
+
+    def run(self, actions: Iterable, *, first_sweep: bool = False) -> int:
+        """Execute ``actions`` up to ``End`` (a first sweep: up to the first ``Record``);
+        returns how many were executed."""
+        taken = 0
+        for a in actions:
+            if first_sweep and type(a) in (Record, End):
+                break
+            self.check.execute(a)
+            self.execute(a)
+            taken += 1
+            if type(a) is End:
+                break
+        return taken
+
+    # ------------------------------------------------------------------ the state at hand
+    def hold(self, n: int) -> dict:
+        """References to the values (and tangents) of ``u_n``, at hand."""
+        out = {}
+        for bv in self.g.live[n]:
+            value = bv._checkpoint
+            if value is None:
+                raise MissingValueError(f"step {n}: the state at hand lacks {describe(bv)}.")
+            out[bv] = (materialise(bv, value), bv.tlm_value if self.tangent else None)
+        return out
+
+    def load(self, n: int, values: dict) -> None:
+        """Make ``u_n`` (``values``: block variable -> (value, tangent)) the state at hand."""
+        for bv in self.g.live[n]:
+            try:
+                value, tangent = values[bv]
+            except KeyError:
+                raise MissingValueError(
+                    f"step {n}: the snapshot lacks {describe(bv)}.") from None
+            bv._checkpoint = value
+            if self.tangent:
+                bv.tlm_value = tangent
+        self.at = n
+
+    def _clear(self, bv) -> None:
+        if bv not in self.keep and bv not in self.m._controls:
+            bv._checkpoint = None
+            bv.tlm_value = None
+
+    def _step(self, n: int) -> None:
+        """Evaluate step ``n``'s blocks (with tangents in a tangent sweep)."""
+        GuardedBlockVariable.running_step = n
+        controls = self.m._controls
+        for block in self.g.steps[n]:
+            outs = block.get_outputs()
+            if any(bv in controls for bv in outs):
+                continue
+            for bv in outs:  # a block never writes into a held object
+                bv._checkpoint = None
+                if self.tangent:
+                    bv.tlm_value = None
+            block.recompute()
+            if self.tangent:
+                block.evaluate_tlm(markings=self.markings)
+
+    def advance_to(self, start: int, stop: int) -> None:
+        g = self.g
+        for n in range(start, stop):
+            self._step(n)
+            self.m.counts.steps += 1
+            for bv in g.live[n]:
+                if g.dies_after(n, bv):
+                    self._clear(bv)
+            for bv in g.outputs(n):
+                if g.dies_after(n, bv):
+                    self._clear(bv)
+        self.at = stop
+
+    # ------------------------------------------------------------------ actions
+    def advance(self, a: Advance) -> None:
+        self.advance_to(a.start, a.stop)
+
+    def store(self, a: Store) -> None:
+        step, slot, level = a
+        snap = _Snapshot(step, level, self.m.stores[level])
+        for bv, (value, tangent) in self.hold(step).items():
+            snap.entries[bv] = snap.store.put(step, bv, value, tangent)
+        self.m.counts.writes[level] += 1
+        self.slots[(level, slot)] = snap
+        if self.temp is not None:
+            self.temp.add(snap)
+
+    def restore(self, a: Restore) -> None:
+        step, slot, level = a
+        snap = self.slots[(level, slot)]
+        if self.at is not None:
+            for bv in self.g.live[self.at]:
+                self._clear(bv)
+        values = {bv: snap.store.get(bv, entry) for bv, entry in snap.entries.items()}
+        self.m.counts.reads[level] += 1
+        self.load(step, values)
+
+    def free(self, a: Free) -> None:
+        snap = self.slots.pop((a.level, a.slot))
+        if self.temp is None or snap in self.temp:
+            if self.temp is not None:
+                self.temp.discard(snap)
+            snap.release()
+        # else: a first-sweep snapshot, kept for later derivatives
+
+    def record(self, a: Record) -> None:
+        n = a.step
+        g = self.g
+        if self.at != n:
+            raise MissingValueError(f"step {n} is recorded without its state at hand.")
+        self._step(n)
+        markings = self.markings
+        for block in reversed(g.steps[n]):
+            block.evaluate_adj(markings=markings)
+            if self.hessian:
+                block.evaluate_hessian(markings=markings)
+        self.m.counts.recorded += 1
+        controls = self.m._controls
+        for bv in g.live[n]:
+            self._clear(bv)
+        for bv in g.outputs(n):
+            if bv not in controls:
+                bv.adj_value = None
+                bv.hessian_value = None
+            self._clear(bv)
+        self.at = None
