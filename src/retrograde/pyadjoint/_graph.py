@@ -28,6 +28,7 @@ class TapeGraph:
             that made it, or never).
         live: ``live[n]`` for ``0 <= n < N``: the block variables of ``u_n`` (made before step
             ``n``, read in step ``n`` or later), in a fixed order.
+        results: the block variables of the last step that no block reads (the functional).
     """
 
     def __init__(self, steps: Sequence[Sequence[Any]]):
@@ -39,9 +40,11 @@ class TapeGraph:
                 for bv in block.get_outputs():
                     created[bv] = n
         last_read: dict = {}
+        read: set = set()
         for n, blocks in enumerate(steps):
             for block in blocks:
                 for bv in block.get_dependencies():
+                    read.add(bv)
                     c = created.get(bv)
                     if c is not None and c < n:
                         last_read[bv] = n
@@ -58,6 +61,8 @@ class TapeGraph:
                     if last_read.get(bv, n) > n:
                         current[bv] = None
         self.live = live
+        #: Variables of the last step that no block reads (the functional among them).
+        self.results = [bv for bv in self.outputs(self.n_steps - 1) if bv not in read] if steps else []
 
     def outputs(self, n: int) -> list:
         """The block variables made in step ``n``."""

@@ -163,6 +163,7 @@ class CheckpointManager:
         self._covered: dict = {}  # block variable -> the last boundary its value was added to
         self._hand_capture: dict = {}  # block variable -> value: step m's reads of earlier steps
         self._boundary = 0
+        self._reading = None  # the variable being read (see capture_read)
         self._hand: dict | None = None
         self._prefix_len: int | None = None
         self._online_saved = None
@@ -229,6 +230,10 @@ class CheckpointManager:
     def capture_read(self, bv, last_used: int) -> None:
         """A block of the step being taped reads ``bv`` (pyadjoint's
         ``add_to_checkpointable_state``): add its value to the snapshots that must hold it."""
+        # pyadjoint's own method keeps every read variable in its step sets; the block appends
+        # it to its dependencies only after this call, through the object's weak reference:
+        # hold it until then
+        self._reading = bv
         c = bv.creation_timestep
         m = self._boundary
         if c < 0 or c >= m:
@@ -278,6 +283,7 @@ class CheckpointManager:
             self._hand = {bv: (v, None) for bv, v in self._hand_capture.items()}
         self._hand_capture = {}
         self._covered = {}
+        self._reading = None
         self._stream = self._run = None
         self._checked = self._check
         self._taped_online = self._online
@@ -388,13 +394,32 @@ class CheckpointManager:
             next(it)
         return it
 
+    def _hand_again(self, sweep: _Sweep) -> None:
+        """``u_{N-1}`` for a reverse part after the first one: restored from the latest
+        first-sweep snapshot and advanced (``N - 1 - p`` steps; the first reverse part took the
+        state the first sweep ended on, so that it is never held beside the snapshots)."""
+        N1 = self._checked.current
+        start = 0  # u_0 holds nothing but the tape's inputs
+        if self._persistent:
+            snap = max(self._persistent.values(), key=lambda s: s.step)
+            sweep.load(snap.step, {bv: snap.store.get(bv, e) for bv, e in snap.entries.items()})
+            self.counts.reads[snap.level] += 1
+            start = snap.step
+        sweep.at = start
+        sweep.advance_to(start, N1)
+
     def _reverse(self, hessian: bool, markings: bool) -> None:
+
         sweep = _Sweep(self, dict(self._persistent), self._checked.copy(), temp=set(),
                        tangent=hessian, markings=markings, hessian=hessian)
         try:
             with stop_annotating():
                 if self._hand is not None:
                     sweep.load(self._checked.current, self._hand)
+                    self._hand = None  # not held beside the snapshots: a later reverse part
+                    # recomputes it (see _hand_again)
+                elif self._prefix_len is not None:
+                    self._hand_again(sweep)
                 sweep.run(self._reverse_actions())
                 if sweep.check.next_record != -1:
                     raise ScheduleError(
@@ -424,8 +449,7 @@ class _Sweep(Executor):
         self.hessian = hessian
         self.markings = markings
         self.at: int | None = None
-        last = self.g.n_steps - 1
-        self.keep = {bv for bv in self.g.outputs(last)} if last >= 0 else set()
+        self.keep = set(self.g.results)
         if m.functional is not None:
             self.keep.add(m.functional)
 
