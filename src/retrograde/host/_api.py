@@ -50,9 +50,10 @@ def forward(
             ``MultiLevel(...)``, an online schedule, ...).
         loss: ``None``, a :class:`Running` or :class:`Final` term, or a tuple of them;
             ``J = sum_{n=1..N} running(n, u_n, p) + final(N, u_N, p)``.
-        storage: where each schedule level keeps its snapshots: ``None`` (by level name: "disk"
-            levels on :class:`Disk`, others in :class:`Memory`), one store for all levels, a list
-            per level, or a mapping level index/name -> store.
+        storage: where each schedule level keeps its snapshots: ``None`` (each level's
+            ``Level(storage=...)``, as in the compiled loops: ``"disk"`` levels on
+            ``Disk(level.directory)``, others in :class:`Memory`), one store for all levels, a
+            list per level, or a mapping level index/name -> store.
         until: ``until(n, u_n) -> bool``: stop before step ``n`` when true (needs an online
             schedule; with ``n_steps`` as well, the loop stops at whichever comes first).
         progress: ``None`` shows a tqdm bar when ``N >= 1000`` (or unknown) and stderr is a

@@ -47,7 +47,8 @@ from ..schedules import (
     check_steps,
 )
 from ._step import _LossImpl, _StepImpl
-from ._storage import SnapshotError, _LiveStore, _MemoryStore, resolve_storage
+from .._store import MemoryStore, SnapshotError, Store
+from ._storage import resolve_storage
 from ._trees import TreeSpec, accumulate, dtype_of, private, readonly
 
 __all__ = ["ForwardPass", "Grads", "Counts", "PROGRESS_THRESHOLD"]
@@ -194,8 +195,8 @@ class ForwardPass:
         self._levels = schedule.levels
         self._progress = _progress_enabled(progress, n_steps)
         self._bar = _Progress()
-        self._stores: list[_LiveStore] = []
-        self._hand_store = _MemoryStore("state at hand")
+        self._stores: list[Store] = []
+        self._hand_store = MemoryStore("state at hand")
         self._hand = None
         self._closed = False
         self._spent = False
