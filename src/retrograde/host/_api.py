@@ -9,13 +9,13 @@ import jax
 import numpy as np
 
 from ..schedules import Schedule
-from ._driver import ForwardPass, Grads, _copy_tree, initial_state
+from ._driver import ForwardPass, Grads, copy_tree, initial_state
 from ._step import (
+    JaxCore,
+    JaxStep,
+    LossImpl,
     Step,
     WeakCache,
-    _JaxCore,
-    _JaxStep,
-    _LossImpl,
     as_losses,
     as_step,
 )
@@ -174,7 +174,7 @@ def _aug_step(fn):
     def aug(n, s, p):
         return jax.jvp(lambda u, q: fn(n, u, q), (s[0], p[0]), (s[1], p[1]))
 
-    return _JaxCore(aug)
+    return JaxCore(aug)
 
 
 _AUG_STEPS = WeakCache()
@@ -234,8 +234,8 @@ def hvp(
                 f"hvp needs JAX-differentiable loss terms (grad=None); {t.term!r} has a "
                 "hand-written grad."
             )
-    aug_step = _JaxStep(step, _AUG_STEPS.get(step, _aug_step))
-    aug_losses = tuple(_LossImpl(t.term, _AUG_LOSSES.get(t.term.f, _aug_loss)) for t in terms)
+    aug_step = JaxStep(step, _AUG_STEPS.get(step, _aug_step))
+    aug_losses = tuple(LossImpl(t.term, _AUG_LOSSES.get(t.term.f, _aug_loss)) for t in terms)
     s0 = initial_state(state0, True)
     sd = _tangent(state0_dot, s0, "state0_dot", "hvp")
     pd = _tangent(params_dot, params, "params_dot", "hvp")
@@ -344,5 +344,5 @@ def jvp(
         if not L.running:
             add_loss(n, L)
     if losses:
-        return Tangents(_copy_tree(state), _copy_tree(sdot), J, Jdot)
-    return Tangents(_copy_tree(state), _copy_tree(sdot), None, None)
+        return Tangents(copy_tree(state), copy_tree(sdot), J, Jdot)
+    return Tangents(copy_tree(state), copy_tree(sdot), None, None)

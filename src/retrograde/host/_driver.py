@@ -46,7 +46,7 @@ from ..schedules import (
     Store,
     check_steps,
 )
-from ._step import _LossImpl, _StepImpl
+from ._step import LossImpl, StepImpl
 from .._store import MemoryStore, SnapshotError, Store
 from ._storage import resolve_storage
 from ._trees import TreeSpec, accumulate, dtype_of, private, readonly
@@ -91,7 +91,7 @@ class Counts:
     shared_leaves: tuple[int, ...] = ()
 
 
-def _copy_tree(tree, dtypes=None):
+def copy_tree(tree, dtypes=None):
     """NumPy copies of the leaves (cast to ``dtypes`` when given)."""
     leaves, treedef = tree_util.tree_flatten(tree)
     dtypes = dtypes or [None] * len(leaves)
@@ -106,7 +106,7 @@ def initial_state(state0, is_jax: bool):
     dtypes = None
     if is_jax:
         dtypes = [jax.dtypes.canonicalize_dtype(dtype_of(x)) for x in tree_util.tree_leaves(state0)]
-    return _copy_tree(state0, dtypes)
+    return copy_tree(state0, dtypes)
 
 
 class _Progress:
@@ -169,8 +169,8 @@ class ForwardPass:
 
     def __init__(
         self,
-        step: _StepImpl,
-        losses: tuple[_LossImpl, ...],
+        step: StepImpl,
+        losses: tuple[LossImpl, ...],
         state0,
         params,
         n_steps: int | None,
@@ -318,7 +318,7 @@ class ForwardPass:
             lam = [accumulate(x, y) for x, y in zip(lam, given)]
         return lam, pbar
 
-    def _loss_grad(self, L: _LossImpl, n, view):
+    def _loss_grad(self, L: LossImpl, n, view):
         """Checked leaves (``None`` for zero) of a loss gradient at ``u_n``."""
         s_bar, p_bar = L.grad(n, view, self._params)
         if L.is_jax and not self._step.is_jax:  # a hand-written adjoint gets NumPy arrays
@@ -440,7 +440,7 @@ class ForwardPass:
         self._final_grad = (gs, gp)
         self.value = J if self._losses else None
         if not self._single:
-            self.state = _copy_tree(final)  # the step may own (and later reuse) its output arrays
+            self.state = copy_tree(final)  # the step may own (and later reuse) its output arrays
 
     # ------------------------------------------------------------------ reverse
     def _reverse_actions(self) -> Iterator:
