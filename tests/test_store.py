@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -66,4 +67,16 @@ def test_failed_write_is_absent_and_named(tmp_path):
             store.put(4, [np.ones(3), np.array([object()])])
         assert store.nbytes == 0 and store.writes == 0
         store.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_that_cannot_be_made_names_the_step(tmp_path):
+    store = Disk(tmp_path).open("level 1 (disk)")
+    os.rename(store.path, store.path + "-moved")  # the snapshot directory is gone
+    try:
+        with pytest.raises(OSError, match="cannot write the snapshot of step 7 of the level 1"):
+            store.put(7, [np.ones(3)])
+    finally:
+        store.close()
+        shutil.rmtree(store.path + "-moved")
     assert list(tmp_path.iterdir()) == []

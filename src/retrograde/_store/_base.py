@@ -70,7 +70,7 @@ class Store:
         self.closed = False
 
     def put(self, step: int, leaves: Sequence[Any], treedef: Any = None) -> Snapshot:
-        """Store a copy of ``leaves`` (arrays, or what ``np.asarray`` takes), the state ``u_step``."""
+        """Store a copy of ``leaves`` (arrays, or anything ``np.asarray`` takes), ``u_step``."""
         if self.closed:
             raise SnapshotError(f"cannot store the snapshot of step {step}: the {self.label} store "
                                 "is closed.")

@@ -225,7 +225,10 @@ class FileStore(Store):
             else:
                 new.append((i, a, checksum))
         if new:
-            block, fd = self.placement.new(step, sum(a.nbytes for _, a, _ in new))
+            try:
+                block, fd = self.placement.new(step, sum(a.nbytes for _, a, _ in new))
+            except OSError as e:
+                raise self._write_error(e, step, e.filename) from e
             try:
                 at = block.offset
                 for i, a, checksum in new:
@@ -236,18 +239,23 @@ class FileStore(Store):
             except BaseException as e:
                 where = self.placement.written_to(block)
                 self.placement.abort(block, fd)
-                if isinstance(e, OSError) and e.errno is not None:
-                    hint = (" (the disk is full: free space there, or give a directory on a "
-                            "larger file system)" if e.errno in (errno.ENOSPC, errno.EDQUOT)
-                            else "")
-                    raise OSError(e.errno, f"{e.strerror}: cannot write the snapshot of step "
-                                  f"{step} of the {self.label} store{hint}", where) from e
+                if isinstance(e, OSError):
+                    raise self._write_error(e, step, where) from e
                 raise
             self.nbytes += block.size
         self.shared_leaves += shared
         for r in records:  # a block lives while a leaf of a held snapshot is in it
             r.block.refs += 1
         return records
+
+    def _write_error(self, e: OSError, step: int, where) -> OSError:
+        """``e`` naming the step, the store and the file (and what to do if the disk is full)."""
+        if e.errno is None:
+            return e
+        hint = (" (the disk is full: free space there, or give a directory on a larger file "
+                "system)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "")
+        return OSError(e.errno, f"{e.strerror}: cannot write the snapshot of step {step} of the "
+                       f"{self.label} store{hint}", where)
 
     def _read(self, snap: Snapshot, take: bool, copy: bool):  # fresh buffers, always
         out = []
