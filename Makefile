@@ -1,7 +1,8 @@
 # Two commands for a fresh machine: `make demo` and `make test`.
 # Both create .venv (if missing) and install the package from this checkout.
 PYTHON ?= python3
-# Optional extras to install: `make test EXTRAS=test,mpi` adds mpi4py (needs an MPI library).
+# Extras to install: `test` pulls in `diffrax` and `plot` (what the tests and demo import);
+# `make test EXTRAS=test,mpi` adds mpi4py (needs an MPI library).
 EXTRAS ?= test
 VENV   := .venv
 PY     := $(VENV)/bin/python

@@ -123,10 +123,16 @@ def plot_schedule(
             "with the same number of slots to see the pattern."
         )
     # The Agg canvas is used directly (no pyplot): no GUI backend and no global state.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.collections import LineCollection
-    from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.collections import LineCollection
+        from matplotlib.figure import Figure
+        from matplotlib.lines import Line2D
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "retrograde.plot.plot_schedule needs matplotlib, which is not installed: install the "
+            "extra with pip install 'retrograde[plot]'."
+        ) from e
 
     levels = schedule.levels
     sim, pic = Simulator(levels, n_steps), _Picture(len(levels))

@@ -27,7 +27,7 @@ def schedule_list():
 def multilevel():
     """MultiLevel with 2 memory slots and 3 disk slots."""
     return rs.MultiLevel([rs.Level(2, name="memory"),
-                          rs.Level(3, write_cost=0.5, read_cost=0.5, name="disk")])
+                          rs.Level(3, write_cost=0.5, read_cost=0.5, name="disk", storage="disk")])
 
 
 def params0(seed=0):

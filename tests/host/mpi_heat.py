@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import retrograde.host as rh
 from retrograde import schedules as rs
-from retrograde.host._storage import OWNER_FILE
+from retrograde._store import OWNER_FILE
 
 DT, D, LOCAL, N = 0.1, 0.9, 6, 40
 
@@ -65,7 +65,8 @@ def main() -> int:
     ok = True
     results = []
     schedules = [rs.Revolve(4), rs.MultiLevel([rs.Level(2, name="memory"),
-                                               rs.Level(4, write_cost=1, read_cost=1, name="disk")])]
+                                               rs.Level(4, write_cost=1, read_cost=1, name="disk",
+                                                        storage="disk")])]
     for sched in schedules:
         storage = {i: rh.Disk(directory, comm=comm) if i == len(sched.levels) - 1
                    else rh.Memory() for i in range(len(sched.levels))}

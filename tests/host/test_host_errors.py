@@ -4,6 +4,7 @@ step and the file, and leaves nothing behind."""
 from __future__ import annotations
 
 import errno
+import os
 import re
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 
 import retrograde.host as rh
 from retrograde import schedules as rs
-from retrograde.host import _storage
+from retrograde._store import _files
 
 from . import _host_problems as P
 
@@ -112,15 +113,15 @@ def test_jax_step_outputs_are_checked():
 # ------------------------------------------------------------------ disk
 def test_disk_full_names_the_step_and_the_file_and_cleans_up(tmp_path, monkeypatch):
     calls = []
-    write = _storage._write_bytes
+    write = _files._write_array
 
-    def full(fh, a):
-        calls.append(fh.name)
+    def full(fd, a, offset):
+        calls.append(os.readlink(f"/proc/self/fd/{fd}"))  # the file being written
         if len(calls) == 4:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return write(fh, a)
+        return write(fd, a, offset)
 
-    monkeypatch.setattr(_storage, "_write_bytes", full)
+    monkeypatch.setattr(_files, "_write_array", full)
     with pytest.raises(OSError) as info:
         rh.value_and_grad(P.NP_STEP, P.NP_LOSS, P.state0(), P.params0(), 12,
                           schedule=rs.StoreAll(), storage=rh.Disk(tmp_path))

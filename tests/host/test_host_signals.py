@@ -19,7 +19,7 @@ import pytest
 import retrograde.host as rh
 from retrograde import schedules as rs
 from retrograde.__main__ import main
-from retrograde.host import _storage
+from retrograde._store import _cleanup
 
 from .. import _signals
 
@@ -114,8 +114,8 @@ def test_handlers_installed_only_during_a_disk_run_and_restored(tmp_path):
         assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]  # RAM only
     with rh.forward(lambda n, u, a: u * a, np.ones(2), 1.0, 3, schedule=rs.StoreAll(),
                     storage=rh.Disk(tmp_path)):
-        assert signal.getsignal(signal.SIGTERM) is _storage._on_signal
-        assert signal.getsignal(signal.SIGHUP) is _storage._on_signal
+        assert signal.getsignal(signal.SIGTERM) is _cleanup.on_signal
+        assert signal.getsignal(signal.SIGHUP) is _cleanup.on_signal
     assert {s: signal.getsignal(s) for s in before} == before
 
 

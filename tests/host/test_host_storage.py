@@ -236,16 +236,49 @@ def test_multilevel_places_snapshots_on_both_levels(tmp_path):
         fp.vjp()
         assert fp.counts.writes[0] > 0 and fp.counts.writes[1] > 0
         assert fp.counts.reads[1] > 0
-        assert type(fp._stores[0]).__name__ == "_MemoryStore"
-        assert type(fp._stores[1]).__name__ == "_DiskStore"
-    # default storage: by level name ("disk" -> Disk)
+        assert fp._stores[0].kind == "memory"
+        assert fp._stores[1].kind == "disk" and fp._stores[1].path.startswith(str(tmp_path))
+    # default storage: each level's Level(storage=...), as in the compiled loops
     with rh.forward(P.NP_STEP, P.state0(), P.params0(), 20, schedule=ml) as fp:
-        assert type(fp._stores[1]).__name__ == "_DiskStore"
+        assert [s.kind for s in fp._stores] == ["memory", "disk"]
     # explicit mapping by level index
     with rh.forward(P.NP_STEP, P.state0(), P.params0(), 20, schedule=ml,
                     storage={0: rh.Memory(), 1: rh.Memory()}) as fp:
-        assert type(fp._stores[1]).__name__ == "_MemoryStore"
+        assert fp._stores[1].kind == "memory"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_default_storage_follows_level_storage_not_the_name(tmp_path):
+    """With no storage=, the host driver reads Level(storage=...) as the compiled loops do: "disk"
+    on Disk(level.directory), "host" and "device" in memory; the name is a label (a level named
+    "disk" that is not storage="disk" stays in memory, with a warning)."""
+    levels = [rs.Level(1, name="fast"), rs.Level(2, 0.5, 0.5, name="slow", storage="host"),
+              rs.Level(None, 1, 1, name="far", storage="disk", directory=tmp_path / "d")]
+    with rh.forward(P.NP_STEP, P.state0(), P.params0(), 20, schedule=rs.MultiLevel(levels),
+                    loss=P.NP_LOSS) as fp:
+        assert [s.kind for s in fp._stores] == ["memory", "memory", "disk"]
+        assert fp._stores[2].path.startswith(str(tmp_path / "d"))
+        g = fp.vjp()
+        assert fp.counts.writes[2] > 0
+    assert list((tmp_path / "d").iterdir()) == []
+    ref = rh.value_and_grad(P.NP_STEP, P.NP_LOSS, P.state0(), P.params0(), 20,
+                            schedule=rs.StoreAll())
+    np.testing.assert_allclose(g.params["a"], ref[1].params["a"], rtol=1e-12)
+    named = rs.MultiLevel([rs.Level(1), rs.Level(None, 1, 1, name="disk")])
+    with pytest.warns(UserWarning, match="name no longer chooses disk"):
+        with rh.forward(P.NP_STEP, P.state0(), P.params0(), 20, schedule=named) as fp:
+            assert [s.kind for s in fp._stores] == ["memory", "memory"]
+
+
+def test_both_drivers_read_level_storage_alike():
+    """One function reads Level(storage=...) for the host driver and the compiled loops."""
+    from retrograde._store import Disk, Memory, level_storage
+
+    assert type(level_storage(rs.Level(2))) is Memory
+    assert type(level_storage(rs.Level(2, storage="host"))) is Memory
+    d = level_storage(rs.Level(2, storage="disk", directory="/some/where"), unnamed=True)
+    assert type(d) is Disk and d.directory == "/some/where" and d.unnamed
+    assert not level_storage(rs.Level(2, storage="disk")).unnamed
 
 
 def test_progress_bar(capsys):

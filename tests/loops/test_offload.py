@@ -446,9 +446,10 @@ def test_corrupted_disk_snapshot_is_an_error(tmp_path):
         calls[0] += 1
         if calls[0] == 45:  # in the reverse sweep: overwrite the start of every level's file
             for run in list(_offload._RUNS.values()):
-                for store in run.levels.values():
-                    if getattr(store, "file", None) is not None:
-                        os.pwrite(store.file.fileno(), b"\x7f" * 64, 0)
+                for store in run.stores.values():
+                    file = getattr(store.placement, "file", None)  # a disk level's unnamed file
+                    if file is not None:
+                        os.pwrite(file.fileno(), b"\x7f" * 64, 0)
 
     with pytest.raises(Exception, match="checksum"):
         jax.block_until_ready(_gradient_calling(sched, corrupt, ordered=True)(0.3))

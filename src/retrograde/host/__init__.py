@@ -19,7 +19,7 @@ Example:
 from ._api import HessianProduct, Tangents, forward, hvp, jvp, value_and_grad
 from ._driver import PROGRESS_THRESHOLD, Counts, ForwardPass, Grads
 from ._step import Final, Running, Step
-from ._storage import Disk, Memory, SnapshotError, StaleDir, Storage, remove_stale
+from .._store import Disk, Memory, SnapshotError, StaleDir, Storage, remove_stale
 
 __all__ = [
     "Step", "Running", "Final",

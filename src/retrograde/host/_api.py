@@ -9,13 +9,13 @@ import jax
 import numpy as np
 
 from ..schedules import Schedule
-from ._driver import ForwardPass, Grads, _copy_tree, initial_state
+from ._driver import ForwardPass, Grads, copy_tree, initial_state
 from ._step import (
+    JaxCore,
+    JaxStep,
+    LossImpl,
     Step,
     WeakCache,
-    _JaxCore,
-    _JaxStep,
-    _LossImpl,
     as_losses,
     as_step,
 )
@@ -50,9 +50,10 @@ def forward(
             ``MultiLevel(...)``, an online schedule, ...).
         loss: ``None``, a :class:`Running` or :class:`Final` term, or a tuple of them;
             ``J = sum_{n=1..N} running(n, u_n, p) + final(N, u_N, p)``.
-        storage: where each schedule level keeps its snapshots: ``None`` (by level name: "disk"
-            levels on :class:`Disk`, others in :class:`Memory`), one store for all levels, a list
-            per level, or a mapping level index/name -> store.
+        storage: where each schedule level keeps its snapshots: ``None`` (each level's
+            ``Level(storage=...)``, as in the compiled loops: ``"disk"`` levels on
+            ``Disk(level.directory)``, others in :class:`Memory`), one store for all levels, a
+            list per level, or a mapping level index/name -> store.
         until: ``until(n, u_n) -> bool``: stop before step ``n`` when true (needs an online
             schedule; with ``n_steps`` as well, the loop stops at whichever comes first).
         progress: ``None`` shows a tqdm bar when ``N >= 1000`` (or unknown) and stderr is a
@@ -173,7 +174,7 @@ def _aug_step(fn):
     def aug(n, s, p):
         return jax.jvp(lambda u, q: fn(n, u, q), (s[0], p[0]), (s[1], p[1]))
 
-    return _JaxCore(aug)
+    return JaxCore(aug)
 
 
 _AUG_STEPS = WeakCache()
@@ -233,8 +234,8 @@ def hvp(
                 f"hvp needs JAX-differentiable loss terms (grad=None); {t.term!r} has a "
                 "hand-written grad."
             )
-    aug_step = _JaxStep(step, _AUG_STEPS.get(step, _aug_step))
-    aug_losses = tuple(_LossImpl(t.term, _AUG_LOSSES.get(t.term.f, _aug_loss)) for t in terms)
+    aug_step = JaxStep(step, _AUG_STEPS.get(step, _aug_step))
+    aug_losses = tuple(LossImpl(t.term, _AUG_LOSSES.get(t.term.f, _aug_loss)) for t in terms)
     s0 = initial_state(state0, True)
     sd = _tangent(state0_dot, s0, "state0_dot", "hvp", True)
     pd = _tangent(params_dot, params, "params_dot", "hvp", True)
@@ -345,5 +346,5 @@ def jvp(
         if not L.running:
             add_loss(n, L)
     if losses:
-        return Tangents(_copy_tree(state), _copy_tree(sdot), J, Jdot)
-    return Tangents(_copy_tree(state), _copy_tree(sdot), None, None)
+        return Tangents(copy_tree(state), copy_tree(sdot), J, Jdot)
+    return Tangents(copy_tree(state), copy_tree(sdot), None, None)

@@ -46,8 +46,9 @@ from ..schedules import (
     Store,
     check_steps,
 )
-from ._step import _LossImpl, _StepImpl
-from ._storage import SnapshotError, _LiveStore, _MemoryStore, resolve_storage
+from ._step import LossImpl, StepImpl
+from .._store import MemoryStore, SnapshotError, Store
+from ._storage import resolve_storage
 from ._trees import TreeSpec, accumulate, dtype_of, private, readonly
 
 __all__ = ["ForwardPass", "Grads", "Counts", "PROGRESS_THRESHOLD"]
@@ -90,7 +91,7 @@ class Counts:
     shared_leaves: tuple[int, ...] = ()
 
 
-def _copy_tree(tree, dtypes=None):
+def copy_tree(tree, dtypes=None):
     """NumPy copies of the leaves (cast to ``dtypes`` when given)."""
     leaves, treedef = tree_util.tree_flatten(tree)
     dtypes = dtypes or [None] * len(leaves)
@@ -106,7 +107,7 @@ def initial_state(state0, is_jax: bool):
     dtypes = None
     if is_jax:
         dtypes = [dtype_of(x, jax_step=True) for x in tree_util.tree_leaves(state0)]
-    return _copy_tree(state0, dtypes)
+    return copy_tree(state0, dtypes)
 
 
 class _Progress:
@@ -169,8 +170,8 @@ class ForwardPass:
 
     def __init__(
         self,
-        step: _StepImpl,
-        losses: tuple[_LossImpl, ...],
+        step: StepImpl,
+        losses: tuple[LossImpl, ...],
         state0,
         params,
         n_steps: int | None,
@@ -195,8 +196,8 @@ class ForwardPass:
         self._levels = schedule.levels
         self._progress = _progress_enabled(progress, n_steps)
         self._bar = _Progress()
-        self._stores: list[_LiveStore] = []
-        self._hand_store = _MemoryStore("state at hand")
+        self._stores: list[Store] = []
+        self._hand_store = MemoryStore("state at hand")
         self._hand = None
         self._closed = False
         self._spent = False
@@ -318,7 +319,7 @@ class ForwardPass:
             lam = [accumulate(x, y) for x, y in zip(lam, given)]
         return lam, pbar
 
-    def _loss_grad(self, L: _LossImpl, n, view):
+    def _loss_grad(self, L: LossImpl, n, view):
         """Checked leaves (``None`` for zero) of a loss gradient at ``u_n``."""
         s_bar, p_bar = L.grad(n, view, self._params)
         if L.is_jax and not self._step.is_jax:  # a hand-written adjoint gets NumPy arrays
@@ -440,7 +441,7 @@ class ForwardPass:
         self._final_grad = (gs, gp)
         self.value = J if self._losses else None
         if not self._single:
-            self.state = _copy_tree(final)  # the step may own (and later reuse) its output arrays
+            self.state = copy_tree(final)  # the step may own (and later reuse) its output arrays
 
     # ------------------------------------------------------------------ reverse
     def _reverse_actions(self) -> Iterator:

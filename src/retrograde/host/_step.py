@@ -138,7 +138,7 @@ def _check_loss_fns(kind, f, grad):
 # Internal adapters: one interface for both kinds of steps and losses.
 
 
-class _StepImpl:
+class StepImpl:
     """What the driver calls: ``forward``, ``vjp``, ``jvp`` with the :class:`Step` signatures;
     ``where(callback, n)`` names a callback in error messages."""
 
@@ -157,7 +157,7 @@ class _StepImpl:
         raise NotImplementedError
 
 
-class _HostStep(_StepImpl):
+class _HostStep(StepImpl):
     is_jax = False
 
     def __init__(self, step: Step):
@@ -190,7 +190,7 @@ def _pair(res, where, what):
     return res
 
 
-class _JaxCore:
+class JaxCore:
     """The compiled forward, VJP and JVP of a JAX step function ``fn`` (each jitted once)."""
 
     def __init__(self, fn: Callable):
@@ -208,13 +208,13 @@ class _JaxCore:
         self.jvp = jax.jit(jvp)
 
 
-class _JaxStep(_StepImpl):
+class JaxStep(StepImpl):
     """A JAX function ``step(n, state, params)``. Holds ``fn`` (the cached compiled core only
     refers to it weakly, so that it, what it captures and its compiled code die together)."""
 
     is_jax = True
 
-    def __init__(self, fn: Callable, core: _JaxCore):
+    def __init__(self, fn: Callable, core: JaxCore):
         self.fn = fn
         self.core = core
         self.name = getattr(fn, "__qualname__", None) or type(fn).__name__
@@ -232,21 +232,21 @@ class _JaxStep(_StepImpl):
         return self.core.jvp(n, state, params, state_dot, params_dot)
 
 
-def as_step(step) -> _StepImpl:
+def as_step(step) -> StepImpl:
     """Adapt a :class:`Step` or a JAX function ``step(n, state, params)``."""
-    if isinstance(step, _StepImpl):
+    if isinstance(step, StepImpl):
         return step
     if isinstance(step, Step):
         return _HostStep(step)
     if callable(step):
-        return _JaxStep(step, _JAX_STEPS.get(step, _JaxCore))
+        return JaxStep(step, _JAX_STEPS.get(step, JaxCore))
     raise TypeError(
         f"step must be a JAX function step(n, state, params) -> state or a "
         f"retrograde.host.Step(forward, vjp); got {step!r}."
     )
 
 
-class _LossImpl:
+class LossImpl:
     """A loss term: ``value(n, state, params)`` and ``grad(n, state, params)``; holds the term
     (its compiled JAX functions, cached per ``f``, refer to ``f`` weakly)."""
 
@@ -290,7 +290,7 @@ def _jax_loss(f):
     return jax.jit(f), jax.jit(jax.grad(f, argnums=(1, 2)))
 
 
-def as_losses(loss) -> tuple[_LossImpl, ...]:
+def as_losses(loss) -> tuple[LossImpl, ...]:
     """Normalise ``loss``: ``None``, one :class:`Running`/:class:`Final`, or a sequence of them."""
     if loss is None:
         return ()
@@ -302,7 +302,7 @@ def as_losses(loss) -> tuple[_LossImpl, ...]:
                 f"them; got {t!r}. Wrap a function of the last state as Final(f) and a per-step "
                 "cost as Running(f)."
             )
-    return tuple(_LossImpl(t) for t in terms)
+    return tuple(LossImpl(t) for t in terms)
 
 
 class WeakCache:
@@ -315,7 +315,7 @@ class WeakCache:
     cached too); bound methods per (function, instance). Functions that cannot be weakly
     referenced are not cached (``make(fn)`` each time).
 
-    Example: ``core = cache.get(step_fn, _JaxCore)``.
+    Example: ``core = cache.get(step_fn, JaxCore)``.
     """
 
     def __init__(self):

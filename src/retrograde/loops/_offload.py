@@ -22,12 +22,14 @@ hand, say which leaves are batched), so a batched loop makes one transfer per sn
 one per batch element. Snapshots are a cache: nothing is differentiated through them (the loop
 primitives' rules never see these primitives, which only appear inside their lowerings).
 
-Stores (one per offloaded level and run): host RAM holds a private NumPy copy of each snapshot;
-disk writes each slot into a region of one ``tempfile.TemporaryFile`` (no name in the file
-system, so nothing can be left behind, whatever ends the process), each leaf with its blake2b
-digest (as :mod:`retrograde.host` does), verified on every read; a slot being rewritten reads as
-empty until the write completes. A read names the step it expects: a slot holding another step
-is an error, never a silent substitute.
+Stores (one per offloaded level and run) are those of :mod:`retrograde._store`, which the host
+driver uses too, opened from ``level_storage(level, unnamed=True)``: host RAM holds a private
+NumPy copy of each snapshot; disk writes each snapshot into a region of one
+``tempfile.TemporaryFile`` (no name in the file system, so nothing can be left behind, whatever
+ends the process; a rewritten slot reuses the space), each leaf with its blake2b digest, verified
+on every read. Both share a leaf that did not change since the last snapshot stored. A slot being
+rewritten reads as empty until the write completes. A read names the step it expects: a slot
+holding another step is an error, never a silent substitute.
 
 Lifetime: a store is released by the reverse sweep that reads it, when it ends; a store that no
 reverse sweep reads is released when the forward sweep's handle is garbage collected (eager
@@ -40,8 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
-import tempfile
 import threading
 import time
 import weakref
@@ -55,7 +55,7 @@ from jax._src import core, dispatch, effects
 from jax._src.interpreters import batching, mlir
 from jax.extend.core import Primitive
 
-from ..host._storage import SnapshotError, _digest
+from .._store import SnapshotError, Store, level_storage
 from ..schedules import Level
 from . import _machine as machine
 
@@ -214,139 +214,55 @@ def release_offloaded() -> int:
 # ----------------------------------------------------------------------------- stores
 
 
-class _RamLevel:
-    """Slots of one level in host RAM: a private copy of each stored block."""
-
-    def __init__(self, level: Level):
-        self.held: dict[int, tuple[int, list[np.ndarray]]] = {}
-        self.nbytes = 0
-
-    def write(self, slot, step, arrays):
-        self.clear(slot)
-        copies = [np.array(a, copy=True, order="C") for a in arrays]
-        self.held[slot] = (step, copies)
-        self.nbytes += sum(c.nbytes for c in copies)
-
-    def read(self, slot):
-        return self.held.get(slot, (None, None))
-
-    def clear(self, slot):
-        old = self.held.pop(slot, None)
-        if old is not None:
-            self.nbytes -= sum(c.nbytes for c in old[1])
-
-    def close(self):
-        self.held.clear()
-        self.nbytes = 0
-
-
-class _FileLevel:
-    """Slots of one level in one unnamed temporary file: each slot a region, rewritten in place
-    when the sizes agree; every leaf with its blake2b digest, checked on every read."""
-
-    def __init__(self, level: Level):
-        self.directory = level.directory
-        self.label = level.name or "disk"
-        self.file = None
-        self.end = 0
-        self.regions: dict[int, tuple[int, int]] = {}  # slot -> (offset, capacity)
-        self.held: dict[int, tuple[int, list]] = {}  # slot -> (step, [(offset, shape, dtype, digest)])
-        self.nbytes = 0
-
-    def write(self, slot, step, arrays):
-        if self.file is None:
-            if self.directory is not None:
-                os.makedirs(self.directory, exist_ok=True)
-            self.file = tempfile.TemporaryFile(prefix="retrograde-", dir=self.directory)
-        self.clear(slot)  # reads as empty until the write completes
-        arrays = [a if a.flags.c_contiguous else a.copy(order="C") for a in map(np.asarray, arrays)]
-        size = sum(a.nbytes for a in arrays)
-        offset, capacity = self.regions.get(slot, (0, -1))
-        if capacity < size:
-            offset, capacity = self.end, size
-            self.end += size
-            self.regions[slot] = (offset, capacity)
-        fd, at, leaves = self.file.fileno(), offset, []
-        try:
-            for a in arrays:
-                view = memoryview(a.reshape(-1).view(np.uint8)) if a.size else memoryview(b"")
-                done = 0
-                while done < len(view):
-                    done += os.pwrite(fd, view[done:], at + done)
-                leaves.append((at, a.shape, a.dtype, _digest(a)))
-                at += a.nbytes
-        except OSError as e:
-            raise OSError(e.errno, f"{e.strerror}: cannot write the snapshot of step {step} to "
-                          f"the {self.label} level's temporary file in "
-                          f"{self.directory or tempfile.gettempdir()}") from e
-        self.held[slot] = (step, leaves)
-        self.nbytes += size
-
-    def read(self, slot):
-        got = self.held.get(slot)
-        if got is None:
-            return None, None
-        step, leaves = got
-        out = []
-        for i, (at, shape, dtype, digest) in enumerate(leaves):
-            buf = np.empty(shape, dtype)
-            if buf.size:
-                view = memoryview(buf.reshape(-1).view(np.uint8))
-                done = 0
-                while done < len(view):
-                    n = os.preadv(self.file.fileno(), [view[done:]], at + done)
-                    if n <= 0:
-                        raise SnapshotError(
-                            f"snapshot of step {step} on the {self.label} level is truncated: "
-                            f"leaf {i} has {done} of {len(view)} bytes.")
-                    done += n
-            if _digest(buf) != digest:
-                raise SnapshotError(
-                    f"snapshot of step {step} on the {self.label} level failed its checksum: "
-                    f"leaf {i} does not match the blake2b digest written with it (the file was "
-                    "modified or the disk is failing).")
-            out.append(buf)
-        return step, out
-
-    def clear(self, slot):
-        old = self.held.pop(slot, None)
-        if old is not None:
-            self.nbytes -= sum(int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize
-                               for _, s, d, _ in old[1])
-
-    def close(self):
-        self.held.clear()
-        self.nbytes = 0
-        if self.file is not None:
-            self.file.close()
-            self.file = None
-
-
 class _Run:
-    """The stores of one run of a forward sweep, one per offloaded level."""
+    """The stores of one run of a forward sweep, one per offloaded level (a store of
+    :mod:`retrograde._store`, as the host driver's), and the snapshot held in each slot."""
 
     def __init__(self, layout: Layout):
         self.layout = layout
-        self.levels: dict[int, object] = {}
+        self.stores: dict[int, Store] = {}
+        self.held: dict[tuple[int, int], object] = {}  # (level, slot) -> its snapshot
 
     def level(self, j):
+        """``(level, slot, store)`` of offloaded slot ``j``."""
         k = self.layout.n_device + j
         lvl = self.layout.level[k]
-        store = self.levels.get(lvl)
+        store = self.stores.get(lvl)
         if store is None:
             spec = self.layout.levels[lvl]
-            store = (_FileLevel if spec.storage == "disk" else _RamLevel)(spec)
-            self.levels[lvl] = store
+            label = f"level {lvl} ({spec.name or spec.storage})"
+            store = self.stores[lvl] = level_storage(spec, unnamed=True).open(label)
         return lvl, self.layout.slot[k], store
+
+    def write(self, j, step, arrays) -> int:
+        """Store ``arrays`` (the state ``u_step``) in offloaded slot ``j``; its level. The slot
+        reads as empty until the write completes."""
+        lvl, slot, store = self.level(j)
+        old = self.held.pop((lvl, slot), None)
+        if old is not None:
+            store.free(old)
+        self.held[(lvl, slot)] = store.put(step, arrays)
+        return lvl
+
+    def read(self, j):
+        """``(level, step, arrays)`` held in offloaded slot ``j`` (``step`` ``None``: empty); the
+        arrays are read-only (they are copied to the device)."""
+        lvl, slot, store = self.level(j)
+        snap = self.held.get((lvl, slot))
+        if snap is None:
+            return lvl, None, None
+        return lvl, snap.step, store.get(snap, copy=False)
 
     @property
     def nbytes(self):
-        return sum(s.nbytes for s in self.levels.values())
+        return sum(s.nbytes for s in self.stores.values())
 
     def close(self):
-        for store in self.levels.values():
+        stores = list(self.stores.values())
+        self.stores.clear()
+        self.held.clear()
+        for store in stores:
             store.close()
-        self.levels.clear()
 
 
 def _run_of(handle, what: str) -> _Run:
@@ -383,10 +299,9 @@ def _close(handle: int) -> None:
 
 def _put(handle, j, step, arrays) -> None:
     run = _run_of(handle, f"store the snapshot of step {int(step)}")
-    lvl, slot, store = run.level(int(j))
     start = time.perf_counter()
     try:
-        store.write(slot, int(step), arrays)
+        lvl = run.write(int(j), int(step), arrays)
     except BaseException:
         _close(handle)  # the run cannot go on: release what it holds now
         raise
@@ -400,10 +315,9 @@ def _put(handle, j, step, arrays) -> None:
 def _get(handle, j, step, avals):
     step = int(step)
     run = _run_of(handle, f"restore the snapshot of step {step}")
-    lvl, slot, store = run.level(int(j))
     start = time.perf_counter()
     try:
-        held, arrays = store.read(slot)
+        lvl, held, arrays = run.read(int(j))
     except BaseException:
         _close(handle)
         raise

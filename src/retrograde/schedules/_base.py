@@ -30,18 +30,20 @@ class Level:
         write_cost: cost of one ``Store`` on this level, in units of one step evaluation.
         read_cost: cost of one ``Restore`` on this level, in units of one step evaluation.
         name: a label ("device", "host", "disk") used in tables and pictures.
-        storage: where the compiled JAX loops (``retrograde.scan``, ``fori_loop``,
-            ``while_loop``) keep this level's snapshots: ``"device"`` (the default: in the
+        storage: where this level's snapshots are kept: ``"device"`` (the default: in the
             compiled program's memory), ``"host"`` (host RAM, outside the compiled program) or
-            ``"disk"`` (an unnamed temporary file, checksummed). A host or disk transfer is a
-            host callback that copies one state; see ``docs/offload.md``. Schedules and the
-            simulator only read the costs; ``retrograde.host`` maps levels to stores itself.
+            ``"disk"`` (files, checksummed). The compiled JAX loops (``retrograde.scan``,
+            ``fori_loop``, ``while_loop``) reach host and disk levels by host callbacks that copy
+            one state (``docs/offload.md``); ``retrograde.host`` reads it the same way unless
+            its ``storage=`` argument says otherwise (it has no compiled program: "device"
+            levels are in host RAM there). Schedules and the simulator only read the costs; the
+            ``name`` is a label, never a storage.
         directory: for ``storage="disk"``, where the temporary file goes (``None``: the system's
             temporary directory).
 
     Example:
         >>> from retrograde.schedules import Level
-        >>> disk = Level(None, write_cost=2.0, read_cost=2.0, name="disk")  # unlimited
+        >>> disk = Level(None, write_cost=2.0, read_cost=2.0, name="disk", storage="disk")
         >>> host = Level(64, write_cost=0.5, read_cost=0.5, name="host", storage="host")
     """
 
