@@ -17,12 +17,13 @@ and lays the schedule's forward snapshots: the taping itself, then each
 ``ReducedFunctional.__call__`` (plain) or ``tlm`` (with tangents). A *reverse part* executes the
 rest of the schedule from those snapshots: ``evaluate_adj`` (``Record(n)``: recompute step
 ``n``, then its blocks' adjoints in reverse) and ``evaluate_hessian`` (one augmented sweep:
-recompute with tangents, then adjoint and second-order adjoint per block). First-sweep snapshots
-persist, so derivatives can be taken again without re-evaluating; a reverse part frees its own.
-Every action is first executed by a :class:`~retrograde.schedules.Simulator`, so the counts are
-those of :func:`~retrograde.schedules.simulate`: a first sweep costs ``N`` step evaluations, a
-reverse part ``plain - (N - 1)`` plain and ``N`` recorded ones (offline schedules; an online
-one's reverse part ``plain - N`` and ``N``).
+recompute with tangents, then adjoint and second-order adjoint per block). A reverse part
+releases each snapshot when the schedule frees it, so memory is the schedule's; a derivative
+taken again without re-evaluating first runs a new first sweep at the same controls. Every action
+is first executed by a :class:`~retrograde.schedules.Simulator`, so the counts are those of
+:func:`~retrograde.schedules.simulate`: a first sweep costs ``N`` step evaluations, a reverse
+part ``plain - (N - 1)`` plain and ``N`` recorded ones (offline schedules; an online one's
+``plain - N`` and ``N``).
 
 **Taping.** The step count is unknown while taping unless ``n_steps`` was given: an offline
 schedule without it places its snapshots online (``Revolve(s)`` as ``Online(s)``, ``StoreAll``
@@ -286,7 +287,7 @@ class CheckpointManager:
         self._reading = None
         self._stream = self._run = None
         self._checked = self._check
-        self._taped_online = self._online
+        self._consumed = False
         self.taping = False
         # later first sweeps know N: an offline schedule plays actions(N)
         self._online = isinstance(self.schedule, OnlineSchedule)
@@ -329,7 +330,7 @@ class CheckpointManager:
             raise ValueError(
                 "hessian() needs the adjoint seed of a derivative: call rf.derivative() before "
                 "rf.hessian(...), as with pyadjoint's own tape.")
-        if not self._tangent_first:
+        if not self._tangent_first or self._consumed:
             self._first_sweep(tangent=True, markings=markings)
         with stop_annotating():
             for bv in self._outputs():
@@ -382,7 +383,7 @@ class CheckpointManager:
                 sweep.advance_to(cur, N)
         self._persistent = sweep.slots
         self._checked = check
-        self._taped_online = self._online
+        self._consumed = False
         self._tangent_first = tangent
 
     def _reverse_actions(self) -> Iterator:
@@ -394,38 +395,28 @@ class CheckpointManager:
             next(it)
         return it
 
-    def _hand_again(self, sweep: _Sweep) -> None:
-        """``u_{N-1}`` for a reverse part after the first one: restored from the latest
-        first-sweep snapshot and advanced (``N - 1 - p`` steps; the first reverse part took the
-        state the first sweep ended on, so that it is never held beside the snapshots)."""
-        N1 = self._checked.current
-        start = 0  # u_0 holds nothing but the tape's inputs
-        if self._persistent:
-            snap = max(self._persistent.values(), key=lambda s: s.step)
-            sweep.load(snap.step, {bv: snap.store.get(bv, e) for bv, e in snap.entries.items()})
-            self.counts.reads[snap.level] += 1
-            start = snap.step
-        sweep.at = start
-        sweep.advance_to(start, N1)
-
     def _reverse(self, hessian: bool, markings: bool) -> None:
-
-        sweep = _Sweep(self, dict(self._persistent), self._checked.copy(), temp=set(),
-                       tangent=hessian, markings=markings, hessian=hessian)
+        """The reverse part, from the last first sweep's snapshots, which it consumes: each is
+        released when the schedule frees it, so memory stays that of the schedule. A later
+        reverse part runs a first sweep again (``N`` step evaluations) at the same controls."""
+        if self._consumed:
+            self._first_sweep(tangent=hessian, markings=markings)
+        sweep = _Sweep(self, self._persistent, self._checked, temp=set(), tangent=hessian,
+                       markings=markings, hessian=hessian)
+        self._persistent = {}
+        self._consumed = True
         try:
             with stop_annotating():
                 if self._hand is not None:
-                    sweep.load(self._checked.current, self._hand)
-                    self._hand = None  # not held beside the snapshots: a later reverse part
-                    # recomputes it (see _hand_again)
-                elif self._prefix_len is not None:
-                    self._hand_again(sweep)
+                    hand, self._hand = self._hand, None
+                    sweep.load(self._checked.current, hand)
+                    del hand
                 sweep.run(self._reverse_actions())
                 if sweep.check.next_record != -1:
                     raise ScheduleError(
                         f"the schedule ended before step {sweep.check.next_record} was recorded.")
         finally:
-            for snap in sweep.temp:
+            for snap in list(sweep.slots.values()) + list(sweep.temp):
                 snap.release()
             GuardedBlockVariable.running_step = None
 
@@ -435,7 +426,8 @@ class _Sweep(Executor):
 
     ``at``: the step whose state is at hand (in the block variables' checkpoints), ``None``
     after a ``Record``. ``slots``: (level, slot) -> :class:`_Snapshot`. ``temp``: ``None`` in a
-    first sweep (its snapshots persist), else the set of snapshots this reverse part made.
+    first sweep (its snapshots persist), else the set of snapshots this reverse part made (all
+    released when it ends, also on an exception).
     """
 
     def __init__(self, m: CheckpointManager, slots: dict, check: Simulator, temp: set | None,
@@ -551,11 +543,9 @@ class _Sweep(Executor):
 
     def free(self, a: Free) -> None:
         snap = self.slots.pop((a.level, a.slot))
-        if self.temp is None or snap in self.temp:
-            if self.temp is not None:
-                self.temp.discard(snap)
-            snap.release()
-        # else: a first-sweep snapshot, kept for later derivatives
+        if self.temp is not None:
+            self.temp.discard(snap)
+        snap.release()
 
     def record(self, a: Record) -> None:
         n = a.step

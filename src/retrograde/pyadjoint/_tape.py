@@ -67,8 +67,9 @@ def enable_checkpointing(schedule: Schedule, *, tape: Tape | None = None,
     Returns:
         The :class:`~retrograde.pyadjoint.CheckpointManager` (its ``counts`` tell what ran).
 
-    Cost: a derivative costs the reverse part of ``simulate(schedule, N)`` (its plain
-    evaluations after the forward sweep, and ``N`` recorded steps); each
+    Cost: a derivative after taping or ``ReducedFunctional.__call__`` costs the reverse part of
+    ``simulate(schedule, N)`` (its plain evaluations after the forward sweep, and ``N``
+    recorded steps), one taken again without re-evaluating ``N`` more; each
     ``ReducedFunctional.__call__`` and ``tlm`` ``N`` step evaluations; a ``hessian`` one
     augmented reverse part, plus ``N`` steps with tangents unless ``tlm`` ran just before.
     Memory: the schedule's snapshots of ``u_n`` (the values made before step ``n`` and read in
