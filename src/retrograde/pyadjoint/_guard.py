@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pyadjoint.block_variable import BlockVariable
 
-from ..host import SnapshotError
+from .._store import SnapshotError
 
 __all__ = ["MissingValueError", "GuardedBlockVariable", "describe"]
 

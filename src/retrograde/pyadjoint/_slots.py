@@ -28,7 +28,7 @@ import numpy as np
 from pyadjoint.block_variable import BlockVariable
 from pyadjoint.tape import stop_annotating
 
-from ..host import Disk
+from .._store import Disk, level_storage
 from ..schedules import Level
 
 __all__ = ["MemoryStore", "DiskStore", "PackageDiskStore", "open_store", "is_delegated",
@@ -83,8 +83,8 @@ class DiskStore:
 
     kind = "disk"
 
-    def __init__(self, level: Level):
-        self._store = Disk(level.directory).open(level.name or "disk")
+    def __init__(self, spec: Disk, label: str):
+        self._store = spec.open(label)
 
     def put(self, step: int, bv, value, tangent) -> Any:
         cls = type(bv.output)
@@ -147,8 +147,10 @@ class PackageDiskStore:
 
 
 def open_store(level: Level, tape) -> MemoryStore | DiskStore | PackageDiskStore:
-    """The store for one level of the schedule (see the module docstring)."""
-    if level.storage != "disk":
+    """The store for one level of the schedule, from ``Level.storage`` as every driver reads it
+    (:func:`retrograde._store.level_storage`); see the module docstring."""
+    spec = level_storage(level)
+    if not isinstance(spec, Disk):
         return MemoryStore()
     packages = list(tape._package_data.values())
-    return PackageDiskStore(packages) if packages else DiskStore(level)
+    return PackageDiskStore(packages) if packages else DiskStore(spec, level.name or "disk")
