@@ -12,9 +12,10 @@ A tape of 10,000 cheap blocks: ``N = 5000`` steps of two blocks each on a 4-poin
   manager's counts during that derivative, ``c = t(rf(m)) / N`` the unchecked tape's cost of
   recomputing one step and ``a`` the unchecked tape's ``rf.derivative()`` time (the adjoints).
 
-Each ``rf.derivative()`` is repeated without re-evaluating, after one warm-up call (the first
-ends the taping); times are medians over round-robin repeats (the three tapes in turn, so that
-load from other processes slows them alike), with the garbage collector paused while timing.
+After one warm-up ``rf.derivative()`` (the first ends the taping), each repeat times ``rf(m)``
+then ``rf.derivative()`` (the reverse part from the snapshots ``rf(m)`` laid); times are medians
+over round-robin repeats (the three tapes in turn, so that load from other processes slows them
+alike), with the garbage collector paused while timing.
 The gradients are checked to agree. Timing is never asserted: a FAIL is printed, the exit
 status is 0 (1 only when the gradients disagree).
 

@@ -35,6 +35,7 @@ variable's value at the read) joins every held taping snapshot of a boundary in 
 
 from __future__ import annotations
 
+import bisect
 import copy
 import dataclasses
 from collections.abc import Iterable, Iterator
@@ -162,6 +163,8 @@ class CheckpointManager:
             self._stream = _Peek(schedule.actions(self.n_given))
         self._persistent: dict = {}  # (level, slot) -> _Snapshot of the first sweep
         self._covered: dict = {}  # block variable -> the last boundary its value was added to
+        self._taping_steps: list[int] = []  # the held taping snapshots' steps, sorted,
+        self._taping_snaps: list[_Snapshot] = []  # and the snapshots
         self._hand_capture: dict = {}  # block variable -> value: step m's reads of earlier steps
         self._boundary = 0
         self._reading = None  # the variable being read (see capture_read)
@@ -195,11 +198,16 @@ class CheckpointManager:
 
     def _taping_action(self, a) -> None:
         key = (a.level, a.slot)
-        if type(a) is Store:
-            self._persistent[key] = _Snapshot(a.step, a.level, self.stores[a.level])
+        if type(a) is Store:  # boundaries only grow while taping: the lists stay sorted
+            snap = self._persistent[key] = _Snapshot(a.step, a.level, self.stores[a.level])
+            self._taping_steps.append(a.step)
+            self._taping_snaps.append(snap)
             self.counts.writes[a.level] += 1
         else:  # Free
-            self._persistent.pop(key).release()
+            snap = self._persistent.pop(key)
+            i = self._taping_snaps.index(snap)
+            del self._taping_snaps[i], self._taping_steps[i]
+            snap.release()
 
     def end_timestep(self, timestep: int) -> None:
         """pyadjoint's hook: step ``timestep`` is taped, the next one begins."""
@@ -247,8 +255,10 @@ class CheckpointManager:
         done = self._covered.get(bv, c)
         if done >= m:
             return
-        for snap in self._persistent.values():
-            if done < snap.step <= m and bv not in snap.entries:
+        steps, snaps = self._taping_steps, self._taping_snaps
+        for i in range(bisect.bisect_right(steps, done), bisect.bisect_right(steps, m)):
+            snap = snaps[i]
+            if bv not in snap.entries:
                 snap.entries[bv] = snap.store.put(snap.step, bv, value, None)
         self._covered[bv] = m
 
@@ -284,6 +294,7 @@ class CheckpointManager:
             self._hand = {bv: (v, None) for bv, v in self._hand_capture.items()}
         self._hand_capture = {}
         self._covered = {}
+        self._taping_steps, self._taping_snaps = [], []
         self._reading = None
         self._stream = self._run = None
         self._checked = self._check
