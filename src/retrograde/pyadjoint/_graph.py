@@ -28,7 +28,9 @@ class TapeGraph:
             that made it, or never).
         live: ``live[n]`` for ``0 <= n < N``: the block variables of ``u_n`` (made before step
             ``n``, read in step ``n`` or later), in a fixed order.
+        outs: ``outs[n]``, the block variables made in step ``n``.
         results: the block variables of the last step that no block reads (the functional).
+        dead: ``dead[n]``, the variables not needed once step ``n`` ran.
     """
 
     def __init__(self, steps: Sequence[Sequence[Any]]):
@@ -52,22 +54,27 @@ class TapeGraph:
         self.last_read = last_read
         live: list[tuple] = []
         current: dict = {}  # insertion-ordered set
-        for n, blocks in enumerate(steps):
+        outs = [tuple(bv for block in blocks for bv in block.get_outputs()) for blocks in steps]
+        for n in range(len(steps)):
             live.append(tuple(current))
             for bv in [bv for bv in current if last_read[bv] == n]:
                 del current[bv]
-            for block in blocks:
-                for bv in block.get_outputs():
-                    if last_read.get(bv, n) > n:
-                        current[bv] = None
+            for bv in outs[n]:
+                if last_read.get(bv, n) > n:
+                    current[bv] = None
         self.live = live
+        self.outs = outs
+        results = set(outs[-1]) - read if steps else set()
         #: Variables of the last step that no block reads (the functional among them).
-        self.results = [bv for bv in self.outputs(self.n_steps - 1) if bv not in read] if steps else []
+        self.results = [bv for bv in (outs[-1] if steps else ()) if bv in results]
+        #: ``dead[n]``: what is not needed once step ``n`` ran (of ``u_n`` and made in step
+        #: ``n``, not part of ``u_{n+1}``; results excepted).
+        self.dead = [
+            tuple(bv for bv in live[n] + outs[n]
+                  if last_read.get(bv, -1) <= n and bv not in results)
+            for n in range(len(steps))
+        ]
 
-    def outputs(self, n: int) -> list:
+    def outputs(self, n: int) -> tuple:
         """The block variables made in step ``n``."""
-        return [bv for block in self.steps[n] for bv in block.get_outputs()]
-
-    def dies_after(self, n: int, bv) -> bool:
-        """Whether ``bv`` (of ``u_n`` or made in step ``n``) is not part of ``u_{n+1}``."""
-        return self.last_read.get(bv, -1) <= n
+        return self.outs[n]

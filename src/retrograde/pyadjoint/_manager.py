@@ -36,7 +36,9 @@ variable's value at the read) joins every held taping snapshot of a boundary in 
 from __future__ import annotations
 
 import bisect
+import collections
 import copy
+import itertools
 import dataclasses
 from collections.abc import Iterable, Iterator
 
@@ -58,12 +60,14 @@ class Counts:
     """What the manager executed so far.
 
     ``steps``: step evaluations without adjoint (first sweeps, recomputations); ``recorded``:
-    steps recomputed and reversed; ``writes``/``reads``: snapshot entries stored/restored, per
+    steps reversed; ``rerun``: those of them recomputed first (all, unless the schedule is
+    ``StoreAll``, which keeps every value); ``writes``/``reads``: snapshots stored/restored, per
     level.
     """
 
     steps: int = 0
     recorded: int = 0
+    rerun: int = 0
     writes: list = dataclasses.field(default_factory=list)
     reads: list = dataclasses.field(default_factory=list)
 
@@ -138,6 +142,9 @@ class CheckpointManager:
                 "objects are for tape.enable_checkpointing, pyadjoint's own manager.)"
             )
         self.schedule = schedule
+        #: ``StoreAll`` keeps every value the steps make, as pyadjoint's unchecked tape does: its
+        #: reverse sweep recomputes nothing.
+        self.hold_all = isinstance(schedule, StoreAll)
         self.tape = tape
         self.n_given = None if n_steps is None else check_steps(n_steps, "n_steps")
         self.levels = tuple(schedule.levels)
@@ -220,7 +227,8 @@ class CheckpointManager:
             raise ScheduleError(
                 f"the loop takes more than n_steps={self.n_given} time steps; pass "
                 f"enable_checkpointing(..., n_steps=<the number of time steps>) or none.")
-        self._clear_taping_step(timestep)
+        if not self.hold_all:
+            self._clear_taping_step(timestep)
         self._hand_capture = {}
         self._boundary = b
         self.tape._blocks.append_step()
@@ -270,7 +278,8 @@ class CheckpointManager:
             raise ScheduleError(
                 f"the loop took {N} time steps but enable_checkpointing was given "
                 f"n_steps={self.n_given}; pass the number of steps the loop takes, or none.")
-        self._clear_taping_step(N - 1)
+        if not self.hold_all:
+            self._clear_taping_step(N - 1)
         self.graph = g = TapeGraph(tape.timesteps)
         for n, blocks in enumerate(g.steps):
             for block in blocks:
@@ -324,7 +333,8 @@ class CheckpointManager:
                                       "(last_block=0).")
         self._ensure_taped()
         self._note_controls()
-        self.seeds = [(bv, bv.adj_value) for bv in self._outputs() if bv.adj_value is not None]
+        self.seeds = [(bv, bv.adj_value) for outs in self.graph.outs for bv in outs
+                      if bv.adj_value is not None]
         self._reverse(hessian=False, markings=markings)
 
     def evaluate_tlm(self, markings: bool = False) -> None:
@@ -352,15 +362,12 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ sweeps
     def _outputs(self) -> Iterator:
-        for blocks in self.graph.steps:
-            for block in blocks:
-                yield from block.get_outputs()
+        for outs in self.graph.outs:
+            yield from outs
 
     def _note_controls(self) -> None:
         """Remember block outputs marked as controls (their values are the user's)."""
-        for bv in self._outputs():
-            if bv.is_control:
-                self._controls.add(bv)
+        self._controls.update(bv for outs in self.graph.outs for bv in outs if bv.is_control)
 
     def _drop_persistent(self) -> None:
         for snap in self._persistent.values():
@@ -402,8 +409,7 @@ class CheckpointManager:
         if self._online_saved is not None:
             return copy.deepcopy(self._online_saved).reverse(N)
         it = self.schedule.actions(N)
-        for _ in range(self._prefix_len):
-            next(it)
+        collections.deque(itertools.islice(it, self._prefix_len), maxlen=0)  # the first sweep's
         return it
 
     def _reverse(self, hessian: bool, markings: bool) -> None:
@@ -452,21 +458,31 @@ class _Sweep(Executor):
         self.hessian = hessian
         self.markings = markings
         self.at: int | None = None
-        self.keep = set(self.g.results)
+        self.hold_all = m.hold_all
+        self.protect = set(self.g.results) | m._controls  # never cleared
         if m.functional is not None:
-            self.keep.add(m.functional)
+            self.protect.add(m.functional)
+        controls = m._controls
+        self.blocks = self.g.steps if not controls else [
+            [b for b in blocks if not any(bv in controls for bv in b.get_outputs())]
+            for blocks in self.g.steps]
 
     def run(self, actions: Iterable, *, first_sweep: bool = False) -> int:
-        """Execute ``actions`` up to ``End`` (a first sweep: up to the first ``Record``);
-        returns how many were executed."""
+        """Execute ``actions`` up to ``End`` (a first sweep: up to the first ``Record``), each
+        after the simulator; returns how many were executed."""
+        check, checks, mine = self.check, self.check._kinds, self._kinds
         taken = 0
         for a in actions:
-            if first_sweep and type(a) in (Record, End):
+            kind = type(a)
+            if first_sweep and (kind is Record or kind is End):
                 break
-            self.check.execute(a)
-            self.execute(a)
+            if kind not in mine or check.ended:
+                check.execute(a)  # raises the simulator's error
+            checks[kind](check, a)
+            mine[kind](self, a)
             taken += 1
-            if type(a) is End:
+            if kind is End:
+                check.ended = self.ended = True
                 break
         return taken
 
@@ -474,11 +490,14 @@ class _Sweep(Executor):
     def hold(self, n: int) -> dict:
         """References to the values (and tangents) of ``u_n``, at hand."""
         out = {}
+        tangent = self.tangent
         for bv in self.g.live[n]:
             value = bv._checkpoint
             if value is None:
                 raise MissingValueError(f"step {n}: the state at hand lacks {describe(bv)}.")
-            out[bv] = (materialise(bv, value), bv.tlm_value if self.tangent else None)
+            if type(value) is not type(bv.output):  # the common case cannot delegate
+                value = materialise(bv, value)
+            out[bv] = (value, bv.tlm_value if tangent else None)
         return out
 
     def load(self, n: int, values: dict) -> None:
@@ -494,38 +513,34 @@ class _Sweep(Executor):
                 bv.tlm_value = tangent
         self.at = n
 
-    def _clear(self, bv) -> None:
-        if bv not in self.keep and bv not in self.m._controls:
-            bv._checkpoint = None
-            bv.tlm_value = None
+    def _clear(self, bvs) -> None:
+        """Drop the values (and tangents) of ``bvs``, unless protected."""
+        protect = self.protect
+        for bv in bvs:
+            if bv not in protect:
+                bv._checkpoint = None
+                bv.tlm_value = None
 
     def _step(self, n: int) -> None:
         """Evaluate step ``n``'s blocks (with tangents in a tangent sweep)."""
         GuardedBlockVariable.running_step = n
-        controls = self.m._controls
-        for block in self.g.steps[n]:
-            outs = block.get_outputs()
-            if any(bv in controls for bv in outs):
-                continue
-            for bv in outs:  # a block never writes into a held object
+        tangent = self.tangent
+        for block in self.blocks[n]:
+            for bv in block._outputs:  # a block never writes into a held object
                 bv._checkpoint = None
-                if self.tangent:
+                if tangent:
                     bv.tlm_value = None
             block.recompute()
-            if self.tangent:
+            if tangent:
                 block.evaluate_tlm(markings=self.markings)
 
     def advance_to(self, start: int, stop: int) -> None:
-        g = self.g
+        dead = self.g.dead
         for n in range(start, stop):
             self._step(n)
-            self.m.counts.steps += 1
-            for bv in g.live[n]:
-                if g.dies_after(n, bv):
-                    self._clear(bv)
-            for bv in g.outputs(n):
-                if g.dies_after(n, bv):
-                    self._clear(bv)
+            if not self.hold_all:
+                self._clear(dead[n])
+        self.m.counts.steps += stop - start
         self.at = stop
 
     # ------------------------------------------------------------------ actions
@@ -534,9 +549,14 @@ class _Sweep(Executor):
 
     def store(self, a: Store) -> None:
         step, slot, level = a
-        snap = _Snapshot(step, level, self.m.stores[level])
-        for bv, (value, tangent) in self.hold(step).items():
-            snap.entries[bv] = snap.store.put(step, bv, value, tangent)
+        store = self.m.stores[level]
+        snap = _Snapshot(step, level, store)
+        if not self.hold_all:  # (with StoreAll every value stays where it is)
+            held = self.hold(step)
+            if store.kind == "memory":
+                snap.entries = held
+            else:
+                snap.entries = {bv: store.put(step, bv, v, t) for bv, (v, t) in held.items()}
         self.m.counts.writes[level] += 1
         self.slots[(level, slot)] = snap
         if self.temp is not None:
@@ -545,11 +565,17 @@ class _Sweep(Executor):
     def restore(self, a: Restore) -> None:
         step, slot, level = a
         snap = self.slots[(level, slot)]
-        if self.at is not None:
-            for bv in self.g.live[self.at]:
-                self._clear(bv)
-        values = {bv: snap.store.get(bv, entry) for bv, entry in snap.entries.items()}
         self.m.counts.reads[level] += 1
+        if self.hold_all and not snap.entries:  # stored by this sweep or its first sweep
+            self.at = step
+            return
+        if self.at is not None and not self.hold_all:
+            self._clear(self.g.live[self.at])
+        store = snap.store
+        if store.kind == "memory":
+            values = snap.entries
+        else:
+            values = {bv: store.get(bv, entry) for bv, entry in snap.entries.items()}
         self.load(step, values)
 
     def free(self, a: Free) -> None:
@@ -559,23 +585,40 @@ class _Sweep(Executor):
         snap.release()
 
     def record(self, a: Record) -> None:
+        """Step ``n``'s adjoint (and second-order adjoint): its blocks recomputed from ``u_n``,
+        unless every value the step makes is still held (``StoreAll``), then reversed."""
         n = a.step
         g = self.g
         if self.at != n:
             raise MissingValueError(f"step {n} is recorded without its state at hand.")
-        self._step(n)
+        outs = g.outs[n]
+        rerun = not self.hold_all
+        if not rerun:
+            for bv in outs:
+                if bv._checkpoint is None:
+                    rerun = True
+                    break
+        if rerun:
+            self._step(n)
+            self.m.counts.rerun += 1
+        GuardedBlockVariable.running_step = n
         markings = self.markings
-        for block in reversed(g.steps[n]):
-            block.evaluate_adj(markings=markings)
-            if self.hessian:
+        if self.hessian:
+            for block in reversed(g.steps[n]):
+                block.evaluate_adj(markings=markings)
                 block.evaluate_hessian(markings=markings)
+        else:
+            for block in reversed(g.steps[n]):
+                block.evaluate_adj(markings=markings)
         self.m.counts.recorded += 1
-        controls = self.m._controls
-        for bv in g.live[n]:
-            self._clear(bv)
-        for bv in g.outputs(n):
+        if not self.hold_all:
+            self._clear(g.live[n])
+        controls, protect = self.m._controls, self.protect
+        for bv in outs:
             if bv not in controls:
                 bv.adj_value = None
                 bv.hessian_value = None
-            self._clear(bv)
+            if bv not in protect:
+                bv._checkpoint = None
+                bv.tlm_value = None
         self.at = None
