@@ -143,7 +143,8 @@ class CheckpointManager:
             )
         self.schedule = schedule
         #: ``StoreAll`` keeps every value the steps make, as pyadjoint's unchecked tape does: its
-        #: reverse sweep recomputes nothing.
+        #: reverse sweep recomputes nothing, and a step recomputes into its outputs' objects
+        #: (no snapshot holds them: with every value kept, a snapshot is only a mark).
         self.hold_all = isinstance(schedule, StoreAll)
         self.tape = tape
         self.n_given = None if n_steps is None else check_steps(n_steps, "n_steps")
@@ -332,9 +333,14 @@ class CheckpointManager:
             raise NotImplementedError("retrograde.pyadjoint reverses the whole tape only "
                                       "(last_block=0).")
         self._ensure_taped()
-        self._note_controls()
-        self.seeds = [(bv, bv.adj_value) for outs in self.graph.outs for bv in outs
-                      if bv.adj_value is not None]
+        seeds = []
+        for outs in self.graph.outs:
+            for bv in outs:
+                if bv.adj_value is not None:
+                    seeds.append((bv, bv.adj_value))
+                if bv.is_control:  # a block output marked as a control: the user's value
+                    self._controls.add(bv)
+        self.seeds = seeds
         self._reverse(hessian=False, markings=markings)
 
     def evaluate_tlm(self, markings: bool = False) -> None:
@@ -524,22 +530,36 @@ class _Sweep(Executor):
     def _step(self, n: int) -> None:
         """Evaluate step ``n``'s blocks (with tangents in a tangent sweep)."""
         GuardedBlockVariable.running_step = n
-        tangent = self.tangent
-        for block in self.blocks[n]:
-            for bv in block._outputs:  # a block never writes into a held object
-                bv._checkpoint = None
-                if tangent:
+        if self.tangent:
+            markings = self.markings
+            for block in self.blocks[n]:
+                for bv in block._outputs:
+                    if not self.hold_all:  # a block never writes into an object a snapshot holds
+                        bv._checkpoint = None
                     bv.tlm_value = None
-            block.recompute()
-            if tangent:
-                block.evaluate_tlm(markings=self.markings)
+                block.recompute()
+                block.evaluate_tlm(markings=markings)
+        elif self.hold_all:
+            for block in self.blocks[n]:
+                block.recompute()
+        else:
+            for block in self.blocks[n]:
+                for bv in block._outputs:
+                    bv._checkpoint = None
+                block.recompute()
 
     def advance_to(self, start: int, stop: int) -> None:
-        dead = self.g.dead
-        for n in range(start, stop):
-            self._step(n)
-            if not self.hold_all:
-                self._clear(dead[n])
+        if self.hold_all:
+            for n in range(start, stop):
+                self._step(n)
+        else:
+            dead, protect, step = self.g.dead, self.protect, self._step
+            for n in range(start, stop):
+                step(n)
+                for bv in dead[n]:
+                    if bv not in protect:
+                        bv._checkpoint = None
+                        bv.tlm_value = None
         self.m.counts.steps += stop - start
         self.at = stop
 
