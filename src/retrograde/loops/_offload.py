@@ -651,8 +651,8 @@ class Segments:
     State: the segment index and the machine (``O(n_device)`` integers).
     """
 
-    with_pairs = False  # no PAIRS leaves (see _execute._Binomial)
-    control_apart = True  # the machine's step, as _execute._Binomial's
+    with_pairs = False  # no PAIRS leaves (see _sources.BinomialSource)
+    control_apart = True  # the machine's step, as _sources.BinomialSource's
     first = None  # the first action is read as the others are
 
     def __init__(self, n_device: int, held, n_steps):

@@ -57,7 +57,9 @@ from jax.extend.core import Primitive
 from ..schedules import Schedule
 from . import _levels
 from ._body import Body, cut, is_float, jvp_body
-from ._execute import adjoint, adjoint_while, advance_steps, forward, zeros_after
+from ._forward_sweep import advance_steps, forward
+from ._reverse_sweep import adjoint, adjoint_while
+from ._slots import zeros_after
 from ._offload import (
     Layout, Offload, release_with, stored_effects, two_level, unread_snapshots_dce,
 )

@@ -36,7 +36,7 @@ from ._carry import (
     Names, aval_of, carry_label, check_structure, check_types, convert, leaf_array, leaf_paths, sds,
     step_cache, trace_carry, with_weak_types,
 )
-from ._execute import forward_while
+from ._forward_sweep import forward_while
 from ._offload import release_with, stored_effects, unread_snapshots_dce
 from ._primitives import Extent, _zero, apply_tangent, carry_fixpoint
 
