@@ -21,6 +21,7 @@ from ._tables import Tables
 
 i32 = jnp.int32
 
+
 def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = None, *,
             ys: bool = True, slots=None, unroll=1, batched=False, off: Offload | None = None,
             stored=None):
@@ -189,4 +190,3 @@ def advance_steps(body: Body, consts, carry, n_steps, batched=False):
     """``n_steps`` plain steps of a body without per-step inputs (traced count)."""
     step = body.runner(batched)
     return lax.fori_loop(0, n_steps, lambda i, c: step(consts, c, [])[0], list(carry))
-

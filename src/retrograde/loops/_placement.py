@@ -1,9 +1,10 @@
 """The ``Online`` forward placement rule in ``jax.numpy``, for loops of unknown length.
 
-:func:`store_slot` is a line-by-line twin of :func:`retrograde.schedules.online_store_slot` (tested to make the same
-decisions): with ``u_n`` at hand and ``held[k]`` the step held in slot ``k`` (``-1`` empty), return
-the slot to overwrite with ``u_n``, or ``-1``. Integer arithmetic in int32; costs saturate at
-``2**30`` (only reached for segments far longer than a run with that many slots would make).
+:func:`store_slot` is a line-by-line twin of :func:`retrograde.schedules.online_store_slot`
+(tested to make the same decisions): with ``u_n`` at hand and ``held[k]`` the step held in
+slot ``k`` (``-1`` empty), return the slot to overwrite with ``u_n``, or ``-1``. Integer
+arithmetic in int32; costs saturate at ``2**30`` (only reached for segments far longer than a
+run with that many slots would make).
 
 :func:`online_phases` applies it in a compiled loop: the first :data:`DECISIONS` decisions are
 read off a table computed once in Python (the rule reads only step numbers), later steps
@@ -13,7 +14,6 @@ rule instead.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax

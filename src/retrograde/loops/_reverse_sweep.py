@@ -33,6 +33,7 @@ from ._xla_cpu import once, once_returning
 
 i32 = jnp.int32
 
+
 def confined(seeds, sweep, zero, axes):
     """Run ``sweep()`` inside a conditional on "some seed is nonzero", else return ``zero()``.
 
@@ -263,7 +264,7 @@ def adjoint(body: Body, tables: Tables, consts, carry0, xs, snaps, carry_bar, ys
         if off is not None:  # the stored snapshots are batched as u_{N-1} is
             off.tags = tags_of(snaps[ns:])
         kbar, cbar, xbar = reverse(steps, source_for(tables), snaps[ns:], snaps[:ns], carry_bar,
-                                    consts_bar, xs_bar)
+                                   consts_bar, xs_bar)
         if off is not None:  # the last read of the store: release it
             off.close()
         return cbar, kbar, xbar
@@ -306,7 +307,7 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
         steps.off = Offload(layout, handle, tags)
         rows = zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0])
         kbar, cbar, _ = reverse(steps, Segments(n_slots, held, n_steps), body.snapshot(carry0),
-                                 rows, carry_bar, consts_bar, [])
+                                rows, carry_bar, consts_bar, [])
         steps.off.close()  # the last read of the store: release it
         return cbar, kbar
 
@@ -317,7 +318,7 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
 
         source = BinomialSource(n_slots, ascending, n_steps, at_hand=False, with_pairs=True)
         kbar, cbar, _ = reverse(steps, source, body.snapshot(carry0), slots, carry_bar,
-                                 consts_bar, [])
+                                consts_bar, [])
         return cbar, kbar
 
     if ck is not None:

@@ -19,8 +19,9 @@ from ._carry import (
     check_types, check_unroll, convert, leaf_array, leaf_paths, sds, step_cache, trace_carry,
     with_weak_types,
 )
+from ._fwd_p import forward_loop
+from ._primitives import Extent
 from ._tables import check_offline
-from ._primitives import Extent, forward_loop
 from ._while import _while_loop
 
 Carry = TypeVar("Carry")

@@ -38,7 +38,8 @@ from ._carry import (
 )
 from ._forward_sweep import forward_while
 from ._offload import release_with, stored_effects, unread_snapshots_dce
-from ._primitives import Extent, _zero, apply_tangent, carry_fixpoint
+from ._primitives import Extent, carry_fixpoint, zero
+from ._tan_p import apply_tangent
 
 T = TypeVar("T")
 
@@ -99,8 +100,8 @@ def _jvp(primals, tangents, *, body, cond, extent, save, levels):
     tk, _ = apply_tangent(body, extent, (c, k, []), [] if save else snaps, (dc, dk, []),
                           steps=[n])
     primal_out = [*carry, n] + (snaps if save else [])
-    tangent_out = [*tk, _zero(core.typeof(n))]
-    tangent_out += [_zero(core.typeof(v)) for v in snaps] if save else []
+    tangent_out = [*tk, zero(core.typeof(n))]
+    tangent_out += [zero(core.typeof(v)) for v in snaps] if save else []
     return primal_out, tangent_out
 
 
