@@ -686,8 +686,8 @@ class Segments:
         restore = machine.Action(*(jnp.asarray(v, i32) for v in (
             machine.MOVE, self.n_device + self.order[jnp.maximum(j, 0)], a, a, 0, 0, 0)))
         emit = (pending & (i >= 0)) | switch
-        ms = machine._select(switch, self._machine(j), machine._select(pending, ms, ms_next))
-        act = machine._select(emit, restore, act)
+        ms = machine.select(switch, self._machine(j), machine.select(pending, ms, ms_next))
+        act = machine.select(emit, restore, act)
         return (j, jnp.bool_(False), ms), act
 
     def leaf_slots(self, st):

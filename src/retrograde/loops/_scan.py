@@ -22,7 +22,7 @@ from ._carry import (
 from ._fwd_p import forward_loop
 from ._primitives import Extent
 from ._tables import check_offline
-from ._while import _while_loop
+from ._while import named_while_loop
 
 Carry = TypeVar("Carry")
 X = TypeVar("X")
@@ -276,8 +276,8 @@ def fori_loop(
             "to use an offline schedule."
         )
     step = cached_wrapper(body_fun, _fori_while_step, "fori_loop while")
-    _, _, val = _while_loop(_fori_cond, step, (lower, upper, init_val), schedule, None, None, None,
-                            names)
+    _, _, val = named_while_loop(_fori_cond, step, (lower, upper, init_val), schedule, None, None,
+                                 None, names)
     return val
 
 

@@ -202,12 +202,12 @@ def while_loop(
     if not callable(cond_fun) or not callable(body_fun):
         raise TypeError("retrograde.while_loop: cond_fun and body_fun must be callable.")
     names = Names("retrograde.while_loop", "body_fun", "init_val", carry_label(body_fun, 0, "val"))
-    return _while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers,
-                       first_order_body_fun, names)
+    return named_while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers,
+                            first_order_body_fun, names)
 
 
-def _while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers, first_order_body_fun,
-                names: Names):
+def named_while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers,
+                     first_order_body_fun, names: Names):
     """:func:`while_loop`, with errors worded by ``names`` (``fori_loop`` runs it too)."""
     where = names.where
     if schedule is None:
