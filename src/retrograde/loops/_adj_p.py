@@ -1,6 +1,6 @@
 """``adj_p``: ``J(z)^T w``, the schedule's reverse sweep, linear in ``w``.
 
-Its transpose in ``w`` is ``tan_p`` (:mod:`._tan_p`); its JVP is ``adjt_p``
+Its transpose in ``w`` is ``tan_p`` (:mod:`._tan_p`); its JVP is ``adj_jvp_p``
 (:mod:`._adj_jvp_p`), whose transpose is again an ``adj_p`` and a ``tan_p`` (the Hessian part
 here, :func:`_adj_transpose_hessian`). See :mod:`._primitives` for the notation.
 """
@@ -15,10 +15,10 @@ from jax._src.interpreters import ad, mlir
 from jax._src.interpreters import partial_eval as pe
 from jax.extend.core import Primitive
 
-from . import _levels
+from . import _batch_levels
 from ._body import Body, cut, is_float, jvp_body
 from ._primitives import (
-    Extent, abstract_eval, check_unbatched_steps, expand, flat, floats_of, full_from_floats,
+    LoopPlan, abstract_eval, check_unbatched_steps, expand, flat, floats_of, full_from_floats,
     full_mask, instantiate, lowering, n_float, nonzero, pick, split_groups, undefined, xs_avals,
     ys_avals, zero,
 )
@@ -47,13 +47,13 @@ class AdjArgs(NamedTuple):
     ys_bar: list
 
     @classmethod
-    def of(cls, args, body: Body, extent: Extent, has_snaps: bool, ymask):
-        return split_groups(cls, args, cls.sizes(body, extent, has_snaps, ymask))
+    def of(cls, args, body: Body, plan: LoopPlan, has_snaps: bool, ymask):
+        return split_groups(cls, args, cls.sizes(body, plan, has_snaps, ymask))
 
     @staticmethod
-    def sizes(body: Body, extent: Extent, has_snaps: bool, ymask) -> list[int]:
-        return [extent.n_steps_inputs, body.nc, body.nk, body.nx,
-                extent.n_snapshots(body) if has_snaps else 0, n_float(body.carry_avals),
+    def sizes(body: Body, plan: LoopPlan, has_snaps: bool, ymask) -> list[int]:
+        return [plan.n_steps_inputs, body.nc, body.nk, body.nx,
+                plan.n_snapshots(body) if has_snaps else 0, n_float(body.carry_avals),
                 sum(ymask)]
 
     @property
@@ -61,7 +61,7 @@ class AdjArgs(NamedTuple):
         return self.consts, self.carry, self.xs
 
 
-class Keep(NamedTuple):
+class WrtMasks(NamedTuple):
     """Which float leaves ``adj_p`` differentiates with respect to (static): masks over the
     float leaves of consts, xs and carry. Consts and xs leaves not kept get no output (they are
     held constant, at no cost); carry leaves not kept are held constant too and their output
@@ -74,57 +74,57 @@ class Keep(NamedTuple):
     carry: tuple
 
     @classmethod
-    def every(cls, body: Body) -> Keep:
+    def every(cls, body: Body) -> WrtMasks:
         """Every float leaf."""
         return cls(*(tuple(True for a in avals if is_float(a))
                      for avals in (body.const_avals, body.x_avals, body.carry_avals)))
 
 
 class AdjOuts(NamedTuple):
-    """Outputs of ``adj_p``: cotangents of the float consts and xs leaves selected by ``keep``,
-    and of every float carry leaf (zero where ``keep.carry`` is False)."""
+    """Outputs of ``adj_p``: cotangents of the float consts and xs leaves selected by ``wrt``,
+    and of every float carry leaf (zero where ``wrt.carry`` is False)."""
 
     consts: list
     carry: list
     xs: list
 
     @classmethod
-    def of(cls, outs, body: Body, keep: Keep):
+    def of(cls, outs, body: Body, wrt: WrtMasks):
         return split_groups(cls, outs,
-                            [sum(keep.consts), n_float(body.carry_avals), sum(keep.xs)])
+                            [sum(wrt.consts), n_float(body.carry_avals), sum(wrt.xs)])
 
 
 # ----------------------------------------------------------------------------- abstract evaluation
 
 
-def adj_out_avals(body, extent, keep):
-    outs = pick(keep.consts, floats_of(body.const_avals, body.const_avals))
+def adj_out_avals(body, plan, wrt):
+    outs = pick(wrt.consts, floats_of(body.const_avals, body.const_avals))
     outs += floats_of(body.carry_avals, body.carry_avals)
-    if extent.dynamic:
+    if plan.dynamic:
         return outs
-    xs = xs_avals(body, extent.length)
-    return outs + pick(keep.xs, floats_of(xs, body.x_avals))
+    xs = xs_avals(body, plan.length)
+    return outs + pick(wrt.xs, floats_of(xs, body.x_avals))
 
 
 adj_p.def_effectful_abstract_eval(
-    abstract_eval(lambda body, extent, has_snaps, ymask, keep: adj_out_avals(body, extent, keep),
+    abstract_eval(lambda body, plan, has_snaps, ymask, wrt: adj_out_avals(body, plan, wrt),
                   lambda **params: True))
 
 
 # ----------------------------------------------------------------------------- lowering
 
 
-def _adj_impl(args, body, extent, has_snaps, ymask, keep, axes):
-    a = AdjArgs.of(args, body, extent, has_snaps, ymask)
-    if extent.dynamic:
+def _adj_impl(args, body, plan, has_snaps, ymask, wrt, axes):
+    a = AdjArgs.of(args, body, plan, has_snaps, ymask)
+    if plan.dynamic:
         snaps = (a.snaps[:-1], a.snaps[-1]) if has_snaps else None
-        cbar, kbar = adjoint_while(body, extent.n_slots, extent.max_steps, a.steps[0], a.consts,
+        cbar, kbar = adjoint_while(body, plan.n_slots, plan.max_steps, a.steps[0], a.consts,
                                    a.carry, snaps,
-                                   a.carry_bar, keep, axes, extent.offload)
+                                   a.carry_bar, wrt, axes, plan.offload)
         return [*cbar, *kbar]
-    cbar, kbar, xbar = adjoint(body, extent.tables(), a.consts, a.carry, a.xs,
+    cbar, kbar, xbar = adjoint(body, plan.tables(), a.consts, a.carry, a.xs,
                                a.snaps if has_snaps else None, a.carry_bar, a.ys_bar, ymask,
-                               keep, axes)
+                               wrt, axes)
     return [*cbar, *kbar, *xbar]
 
 
@@ -134,30 +134,30 @@ mlir.register_lowering(adj_p, lowering(_adj_impl))
 # ----------------------------------------------------------------------------- bind
 
 
-def apply_adjoint(body, extent, z, snaps, kbar, ybar, steps=(), keep=None) -> AdjOuts:
+def apply_adjoint(body, plan, z, snaps, kbar, ybar, steps=(), wrt=None) -> AdjOuts:
     """``J(z)^T w`` over the float leaves of ``z``; ``w = (kbar, ybar)`` are full leaf lists over
     the outputs (symbolic zeros allowed; non-float leaves ignored). Returns the cotangents of the
-    float leaves of consts, carry and xs (of those selected by ``keep``, a :class:`Keep`;
+    float leaves of consts, carry and xs (of those selected by ``wrt``, a :class:`WrtMasks`;
     ``None``: all)."""
     c, k, x = z
     kbar_f = [instantiate(t) for t in floats_of(kbar, body.carry_avals)]
     ybar_f = floats_of(ybar, body.y_avals)
     ymask = tuple(nonzero(t) for t in ybar_f)
-    keep = Keep.every(body) if keep is None else keep
+    wrt = WrtMasks.every(body) if wrt is None else wrt
     args = AdjArgs(list(steps), list(c), list(k), list(x), list(snaps), kbar_f,
                    pick(ymask, ybar_f))
-    outs = adj_p.bind(*flat(args), body=body, extent=extent, has_snaps=bool(snaps),
-                      ymask=ymask, keep=keep, levels=())
-    return AdjOuts.of(outs, body, keep)
+    outs = adj_p.bind(*flat(args), body=body, plan=plan, has_snaps=bool(snaps),
+                      ymask=ymask, wrt=wrt, batch_levels=())
+    return AdjOuts.of(outs, body, wrt)
 
 
-def adjoint_tangent(body, extent, z, dz, w, dw, steps=(), keep=None, primal=False, snaps=()):
+def adjoint_tangent(body, plan, z, dz, w, dw, steps=(), wrt=None, primal=False, snaps=()):
     """Tangent of ``z, w -> J(z)^T w`` along ``(dz, dw)``: ``J^T dw + Hess<w, F> dz``.
 
     ``w = (kbar, ybar)`` and ``dw`` are full leaf lists over the outputs (symbolic zeros
     allowed). Computed as the ``z``-half of the adjoint of ``jvp(body)`` with cotangent
     ``(dw, w)``. Returns cotangents over the float leaves of consts, carry and xs (those
-    selected by ``keep``, as in :func:`apply_adjoint`), an :class:`AdjOuts`.
+    selected by ``wrt``, as in :func:`apply_adjoint`), an :class:`AdjOuts`.
 
     With ``primal``, returns ``(J^T w, tangent)``: ``J^T w`` is the cotangent of the tangent
     half of the same sweep, so it costs no sweep of its own. That needs a tangent on every float
@@ -178,58 +178,58 @@ def adjoint_tangent(body, extent, z, dz, w, dw, steps=(), keep=None, primal=Fals
     # Cotangent on the child's outputs: (dw on the primal half, w on the tangent half).
     kbar_child = [*dkbar, *pick(mk, kbar)]
     ybar_child = [*dybar, *pick(my, ybar)]
-    keep = Keep.every(body) if keep is None else keep
+    wrt = WrtMasks.every(body) if wrt is None else wrt
     # Only the primal half of the child's consts and xs cotangents is wanted; its carry is
     # differentiated where the parent's is, and on every tangent leaf.
     # With ``primal``, also the tangent halves of the kept consts and xs leaves.
-    tc = tuple(pick(mc, full_mask(keep.consts, body.const_avals))) if primal else ()
-    tx = tuple(pick(mx, full_mask(keep.xs, body.x_avals))) if primal else ()
-    child_keep = Keep(keep.consts + (tc or (False,) * sum(mc)),
-                      keep.xs + (tx or (False,) * sum(mx)), keep.carry + (True,) * sum(mk))
-    out = apply_adjoint(child, extent, (zc, zk, zx), list(snaps), kbar_child, ybar_child, steps,
-                        child_keep)
-    nc, nf, nx = sum(keep.consts), n_float(body.carry_avals), sum(keep.xs)
+    tc = tuple(pick(mc, full_mask(wrt.consts, body.const_avals))) if primal else ()
+    tx = tuple(pick(mx, full_mask(wrt.xs, body.x_avals))) if primal else ()
+    child_wrt = WrtMasks(wrt.consts + (tc or (False,) * sum(mc)),
+                         wrt.xs + (tx or (False,) * sum(mx)), wrt.carry + (True,) * sum(mk))
+    out = apply_adjoint(child, plan, (zc, zk, zx), list(snaps), kbar_child, ybar_child, steps,
+                        child_wrt)
+    nc, nf, nx = sum(wrt.consts), n_float(body.carry_avals), sum(wrt.xs)
     tangent = AdjOuts(out.consts[:nc], out.carry[:nf], out.xs[:nx])
     if not primal:
         return tangent
-    assert sum(tc) == nc and sum(tx) == nx and all(keep.carry) and len(out.carry) == 2 * nf
+    assert sum(tc) == nc and sum(tx) == nx and all(wrt.carry) and len(out.carry) == 2 * nf
     return AdjOuts(out.consts[nc:], out.carry[nf:], out.xs[nx:]), tangent
 
 
 # ----------------------------------------------------------------------------- JVP
 
 
-def _adj_jvp(primals, tangents, *, body, extent, has_snaps, ymask, keep, levels):
-    a = AdjArgs.of(primals, body, extent, has_snaps, ymask)
-    t = AdjArgs.of(tangents, body, extent, has_snaps, ymask)
+def _adj_jvp(primals, tangents, *, body, plan, has_snaps, ymask, wrt, batch_levels):
+    a = AdjArgs.of(primals, body, plan, has_snaps, ymask)
+    t = AdjArgs.of(tangents, body, plan, has_snaps, ymask)
     if not any(nonzero(v) for v in [*t.consts, *t.carry, *t.xs, *t.carry_bar, *t.ys_bar]):
-        out = adj_p.bind(*primals, body=body, extent=extent, has_snaps=has_snaps, ymask=ymask,
-                         keep=keep, levels=())
+        out = adj_p.bind(*primals, body=body, plan=plan, has_snaps=has_snaps, ymask=ymask,
+                         wrt=wrt, batch_levels=())
         return out, [zero(core.typeof(o)) for o in out]
-    from ._adj_jvp_p import AdjTanArgs, adjt_p  # the JVP's primitive: it imports this module
+    from ._adj_jvp_p import AdjJvpArgs, adj_jvp_p  # the JVP's primitive: it imports this module
 
-    args, masks = AdjTanArgs.pack(body, a, t)
-    outs = adjt_p.bind(*args.flat(), body=body, extent=extent, has_snaps=bool(args.dsnaps),
-                       ymask=ymask, keep=keep, masks=masks, levels=())
+    args, masks = AdjJvpArgs.pack(body, a, t)
+    outs = adj_jvp_p.bind(*args.flat(), body=body, plan=plan, has_snaps=bool(args.dsnaps),
+                          ymask=ymask, wrt=wrt, masks=masks, batch_levels=())
     return cut(outs, [len(outs) // 2, len(outs) // 2])
 
 
-ad.primitive_jvps[adj_p] = _levels.jvp_rule(_adj_jvp)
+ad.primitive_jvps[adj_p] = _batch_levels.jvp_rule(_adj_jvp)
 
 
 # ----------------------------------------------------------------------------- transpose
 
 
-def _adj_transpose(cts, *args, body, extent, has_snaps, ymask, keep, levels):
-    a = AdjArgs.of(args, body, extent, has_snaps, ymask)
-    ct = AdjOuts.of(cts, body, keep)
-    x_avals = xs_avals(body, extent.length) if not extent.dynamic else []
+def _adj_transpose(cts, *args, body, plan, has_snaps, ymask, wrt, batch_levels):
+    a = AdjArgs.of(args, body, plan, has_snaps, ymask)
+    ct = AdjOuts.of(cts, body, wrt)
+    x_avals = xs_avals(body, plan.length) if not plan.dynamic else []
     # Cotangents over all float consts, carry and xs leaves (zero where this adjoint's output
     # is none or constant).
-    ct_c = expand(keep.consts, ct.consts, floats_of(body.const_avals, body.const_avals))
-    ct_k = expand(keep.carry, pick(keep.carry, ct.carry),
+    ct_c = expand(wrt.consts, ct.consts, floats_of(body.const_avals, body.const_avals))
+    ct_k = expand(wrt.carry, pick(wrt.carry, ct.carry),
                   floats_of(body.carry_avals, body.carry_avals))
-    ct_x = expand(keep.xs, ct.xs, floats_of(x_avals, body.x_avals))
+    ct_x = expand(wrt.xs, ct.xs, floats_of(x_avals, body.x_avals))
     n_pre = len(a.steps) + len(a.consts) + len(a.carry) + len(a.xs) + len(a.snaps)
     if not any(undefined(v) for v in [*a.consts, *a.carry, *a.xs, *a.snaps]):
         # w -> J^T w is linear; its transpose is ct -> J ct.
@@ -238,18 +238,18 @@ def _adj_transpose(cts, *args, body, extent, has_snaps, ymask, keep, levels):
             full_from_floats(ct_k, body.carry_avals),
             full_from_floats(ct_x, x_avals),
         )
-        tk, ty = apply_tangent(body, extent, a.z, a.snaps, dz, a.steps)
+        tk, ty = apply_tangent(body, plan, a.z, a.snaps, dz, a.steps)
         tk_f = floats_of(tk, body.carry_avals)
         ty_f = pick(ymask, floats_of(ty, body.y_avals))
         out = [None] * n_pre
         out += [t if undefined(v) else None
                 for v, t in zip([*a.carry_bar, *a.ys_bar], [*tk_f, *ty_f])]
         return out
-    out = _adj_transpose_hessian(a, body, extent, ymask, (ct_c, ct_k, ct_x))
+    out = _adj_transpose_hessian(a, body, plan, ymask, (ct_c, ct_k, ct_x))
     return [None] * len(a.steps) + out
 
 
-def _adj_transpose_hessian(a: AdjArgs, body, extent, ymask, ct):
+def _adj_transpose_hessian(a: AdjArgs, body, plan, ymask, ct):
     """Transpose of ``(zq_dot, a) -> z-half of adj[jvp(Q)]((zq, zq_dot), (a, b))``.
 
     That map is ``J_Q^T a + Hess<b, F_Q> zq_dot``; its transpose sends ``ct`` to
@@ -276,8 +276,8 @@ def _adj_transpose_hessian(a: AdjArgs, body, extent, ymask, ct):
     a_y, b_y = a.ys_bar[:n_ya], a.ys_bar[n_ya:]
     if any(undefined(v) for v in [*b_k, *b_y]):
         raise NotImplementedError("retrograde: the adjoint is not linear in both its inputs.")
-    qy_avals = ys_avals(q, extent.length) if not extent.dynamic else []
-    qx_avals = xs_avals(q, extent.length) if not extent.dynamic else []
+    qy_avals = ys_avals(q, plan.length) if not plan.dynamic else []
+    qx_avals = xs_avals(q, plan.length) if not plan.dynamic else []
     # b as full leaf lists over Q's outputs.
     b_full_k = expand(mk, b_k, q.carry_avals)
     b_ydot = expand(ymask_b, b_y, [a_ for a_, m in zip(qy_avals, my) if m])
@@ -294,7 +294,7 @@ def _adj_transpose_hessian(a: AdjArgs, body, extent, ymask, ct):
     # zq_dot_bar = Hess<b, F_Q> ct, over the leaves that carry tangents.
     if any(undefined(v) for v in [*cq_dot, *kq_dot, *xq_dot]):
         zero_w = ([zero(a_) for a_ in q.carry_avals], [zero(a_) for a_ in qy_avals])
-        h = adjoint_tangent(q, extent, zq, dz, (b_full_k, b_full_y), zero_w, a.steps)
+        h = adjoint_tangent(q, plan, zq, dz, (b_full_k, b_full_y), zero_w, a.steps)
         full_c = full_from_floats(h.consts, q.const_avals)
         full_k = full_from_floats(h.carry, q.carry_avals)
         full_x = full_from_floats(h.xs, qx_avals)
@@ -309,7 +309,7 @@ def _adj_transpose_hessian(a: AdjArgs, body, extent, ymask, ct):
     out += [None] * len(a.snaps)
     # a_bar = J_Q ct.
     if any(undefined(v) for v in [*a_k, *a_y]):
-        tk, ty = apply_tangent(q, extent, zq, [], dz, a.steps)
+        tk, ty = apply_tangent(q, plan, zq, [], dz, a.steps)
         tk_f = floats_of(tk, q.carry_avals)
         ty_f = pick(ymask_a, floats_of(ty, q.y_avals))
         a_k_bar = [t if undefined(v) else None for v, t in zip(a_k, tk_f)]
@@ -321,7 +321,7 @@ def _adj_transpose_hessian(a: AdjArgs, body, extent, ymask, ct):
     return out
 
 
-ad.primitive_transposes[adj_p] = _levels.transpose_rule(_adj_transpose)
+ad.primitive_transposes[adj_p] = _batch_levels.transpose_rule(_adj_transpose)
 
 
 # ----------------------------------------------------------------------------- dead code
@@ -331,12 +331,12 @@ def adj_dce(used_outputs, eqn, halves=1):
     """Drop the consts and xs cotangents nobody reads: the adjoint then holds those leaves
     constant, so they cost neither per-step work nor memory (an unread ``xs`` cotangent would
     be an ``O(N)`` buffer). Carry cotangents are the sweep's state and always stay. With
-    ``halves=2`` (``adjt_p``) the outputs are two :class:`AdjOuts` over the same ``keep``: a
+    ``halves=2`` (``adj_jvp_p``) the outputs are two :class:`AdjOuts` over the same ``wrt``: a
     leaf stays if either reads it."""
     if not any(used_outputs) and not eqn.effects:
         return [False] * len(eqn.invars), None
     params = eqn.params
-    old, body = params["keep"], params["body"]
+    old, body = params["wrt"], params["body"]
     n = len(used_outputs) // halves
     used = AdjOuts.of([any(used_outputs[i::n]) for i in range(n)], body, old)
 
@@ -344,15 +344,15 @@ def adj_dce(used_outputs, eqn, halves=1):
         it = iter(used)
         return tuple(m and next(it) for m in mask)
 
-    keep = old._replace(consts=narrow(old.consts, used.consts), xs=narrow(old.xs, used.xs))
-    if keep == old:
+    wrt = old._replace(consts=narrow(old.consts, used.consts), xs=narrow(old.xs, used.xs))
+    if wrt == old:
         return [True] * len(eqn.invars), eqn
     selected = AdjOuts(used.consts, [True] * len(used.carry), used.xs)
     flags = flat(selected) * halves
-    levels = tuple(dataclasses.replace(lv, out_axes=tuple(pick(flags, lv.out_axes)))
-                   for lv in params["levels"])
+    batch_levels = tuple(dataclasses.replace(lv, out_axes=tuple(pick(flags, lv.out_axes)))
+                         for lv in params["batch_levels"])
     outvars = pick(flags, eqn.outvars)
-    new = eqn.replace(params=dict(params, keep=keep, levels=levels), outvars=outvars)
+    new = eqn.replace(params=dict(params, wrt=wrt, batch_levels=batch_levels), outvars=outvars)
     return [True] * len(eqn.invars), new
 
 
@@ -362,9 +362,9 @@ pe.dce_rules[adj_p] = adj_dce
 # ----------------------------------------------------------------------------- batching
 
 
-def _adj_out_axes(data, dims, *, body, extent, has_snaps, ymask, keep):
-    check_unbatched_steps(AdjArgs.of(dims, body, extent, has_snaps, ymask).steps)
-    return [0] * len(adj_out_avals(body, extent, keep))
+def _adj_out_axes(data, dims, *, body, plan, has_snaps, ymask, wrt):
+    check_unbatched_steps(AdjArgs.of(dims, body, plan, has_snaps, ymask).steps)
+    return [0] * len(adj_out_avals(body, plan, wrt))
 
 
-_levels.batcher(adj_p, _adj_out_axes)
+_batch_levels.batcher(adj_p, _adj_out_axes)

@@ -13,12 +13,12 @@ from jax._src.interpreters import ad, mlir
 from jax._src.interpreters import partial_eval as pe
 from jax.extend.core import Primitive
 
-from . import _levels
+from . import _batch_levels
 from ._body import Body, cut
 from ._forward_sweep import forward
 from ._offload import Offload, release_with, unread_snapshots_dce
 from ._primitives import (
-    Extent, abstract_eval, batch_axes, batched, carry_fixpoint, lowering, pick, split_groups,
+    LoopPlan, abstract_eval, batch_axes, batched, carry_fixpoint, lowering, pick, split_groups,
     ys_avals, zero,
 )
 from ._tan_p import apply_tangent
@@ -31,7 +31,7 @@ def _fwd_eager(*args, **params):
     """``fwd_p`` run on its own: a store of offloaded snapshots is released with its handle if no
     reverse sweep reads it first (e.g. after ``jax.jvp``, or a dropped ``jax.vjp`` function)."""
     outs = dispatch.apply_primitive(fwd_p, *args, **params)
-    if params["save"] and params["extent"].offload is not None:
+    if params["save"] and params["plan"].offload is not None:
         release_with(outs[-1])
     return outs
 
@@ -57,25 +57,25 @@ class FwdArgs(NamedTuple):
 # ----------------------------------------------------------------------------- abstract evaluation
 
 
-def _fwd_outs(body, extent, save):
-    outs = list(body.carry_avals) + ys_avals(body, extent.length)
-    return outs + (extent.snapshot_avals(body) if save else [])
+def _fwd_outs(body, plan, save):
+    outs = list(body.carry_avals) + ys_avals(body, plan.length)
+    return outs + (plan.snapshot_avals(body) if save else [])
 
 
 fwd_p.def_effectful_abstract_eval(
-    abstract_eval(lambda body, extent, save: _fwd_outs(body, extent, save),
-                  lambda extent, save: save))
+    abstract_eval(lambda body, plan, save: _fwd_outs(body, plan, save),
+                  lambda plan, save: save))
 
 
 # ----------------------------------------------------------------------------- lowering
 
 
-def _fwd_impl(args, body, extent, save, axes):
+def _fwd_impl(args, body, plan, save, axes):
     a = FwdArgs.of(args, body)
-    tables = extent.tables() if save else None
+    tables = plan.tables() if save else None
     off = Offload.open(tables.offload) if tables is not None and tables.offload is not None else None
-    carry, ys, snaps = forward(body, extent.length, a.consts, a.carry, a.xs, tables,
-                               unroll=extent.unroll, batched=bool(axes), off=off)
+    carry, ys, snaps = forward(body, plan.length, a.consts, a.carry, a.xs, tables,
+                               unroll=plan.unroll, batched=bool(axes), off=off)
     return [*carry, *ys, *snaps, *([off.handle] if off is not None else [])]
 
 
@@ -85,32 +85,33 @@ mlir.register_lowering(fwd_p, lowering(_fwd_impl))
 # ----------------------------------------------------------------------------- bind
 
 
-def forward_loop(body: Body, extent: Extent, consts, carry, xs, save=False) -> list:
+def forward_loop(body: Body, plan: LoopPlan, consts, carry, xs, save=False) -> list:
     """Bind ``fwd_p``: the outputs ``carry_N, ys`` (and the snapshots, with ``save``)."""
-    return fwd_p.bind(*consts, *carry, *xs, body=body, extent=extent, save=save, levels=())
+    return fwd_p.bind(*consts, *carry, *xs, body=body, plan=plan, save=save, batch_levels=())
 
 
 # ----------------------------------------------------------------------------- JVP
 
 
-def _fwd_jvp(primals, tangents, *, body, extent, save, levels):
+def _fwd_jvp(primals, tangents, *, body, plan, save, batch_levels):
     a, t = FwdArgs.of(primals, body), FwdArgs.of(tangents, body)
-    outs = forward_loop(body, extent, a.consts, a.carry, a.xs, save=True)
-    carry, ys, snaps = cut(outs, [body.nk, body.ny, extent.n_snapshots(body)])
+    outs = forward_loop(body, plan, a.consts, a.carry, a.xs, save=True)
+    carry, ys, snaps = cut(outs, [body.nk, body.ny, plan.n_snapshots(body)])
     # When ``save`` is already set, an adjoint of an inner derivative reads these snapshots.
     # The transpose of this tangent then re-lays its own instead of sharing them: sharing would
     # keep them alive (and force a copy) beside the inner derivative's augmented sweeps; this
     # costs one extra forward sweep, at higher order only.
-    # The snapshots' tangents are laid only for an adjoint that reads the snapshots (``save``).
-    lay = save and extent.offload is None
-    tk, ty, *laid = apply_tangent(body, extent, a, [] if save else snaps, t, lay=lay)
+    # The snapshots' tangents are saved only for an adjoint that reads the snapshots (``save``).
+    save_tangents = save and plan.offload is None
+    tk, ty, *saved = apply_tangent(body, plan, a, [] if save else snaps, t,
+                                   save_tangents=save_tangents)
     if not save:
         return [*carry, *ys], [*tk, *ty]
-    dsnaps = laid[0] if lay else [zero(core.typeof(v)) for v in snaps]
+    dsnaps = saved[0] if save_tangents else [zero(core.typeof(v)) for v in snaps]
     return [*carry, *ys, *snaps], [*tk, *ty, *dsnaps]
 
 
-ad.primitive_jvps[fwd_p] = _levels.jvp_rule(_fwd_jvp)
+ad.primitive_jvps[fwd_p] = _batch_levels.jvp_rule(_fwd_jvp)
 
 
 # ----------------------------------------------------------------------------- dead code
@@ -127,13 +128,13 @@ pe.dce_rules[fwd_p] = _fwd_dce
 # ----------------------------------------------------------------------------- batching
 
 
-def _fwd_out_axes(data, dims, *, body, extent, save):
+def _fwd_out_axes(data, dims, *, body, plan, save):
     d = FwdArgs.of(dims, body)
     carry_b, ys_b = carry_fixpoint(body.jaxpr, data, batched(d.consts), batched(d.carry),
                                    batched(d.xs), body.nk)
     snaps = 2 * batch_axes(pick(body.stored, carry_b)) if save else []
-    handle = [None] if save and extent.offload is not None else []
+    handle = [None] if save and plan.offload is not None else []
     return batch_axes(carry_b) + batch_axes(ys_b) + snaps + handle
 
 
-_levels.batcher(fwd_p, _fwd_out_axes)
+_batch_levels.batcher(fwd_p, _fwd_out_axes)

@@ -604,16 +604,16 @@ class Offload:
 
 
 def unread_snapshots_dce(used_outputs, eqn, n_kept: int, effects):
-    """The dead-code rule of a forward primitive (params ``save``, ``extent``, ``levels``) whose
+    """The dead-code rule of a forward primitive (params ``save``, ``plan``, ``batch_levels``) whose
     outputs from ``n_kept`` on are its snapshots: offloaded snapshots that nothing reads (a
     forward-mode program) are not laid, so no store is opened (it would stay open, unread);
     ``effects``: the primitive's effects without ``save``."""
     params = eqn.params
-    if params["save"] and params["extent"].offload is not None and not any(
+    if params["save"] and params["plan"].offload is not None and not any(
             used_outputs[n_kept:]):
         levels = tuple(dataclasses.replace(lv, out_axes=lv.out_axes[:n_kept])
-                       for lv in params["levels"])
-        eqn = eqn.replace(params=dict(params, save=False, levels=levels),
+                       for lv in params["batch_levels"])
+        eqn = eqn.replace(params=dict(params, save=False, batch_levels=levels),
                           outvars=eqn.outvars[:n_kept], effects=effects)
         used_outputs = used_outputs[:n_kept]
     if not any(used_outputs) and not eqn.effects:

@@ -10,18 +10,18 @@ primitive         computes                                               linear 
 ``fwd_p``         ``F(z)`` (and ``snaps`` when ``save``)                 -
 ``tan_p``         ``J(z) z_dot``: the forward loop of ``jvp(P)``         ``z_dot``
 ``adj_p``         ``J(z)^T w``: the schedule's reverse sweep             ``w``
-``adjt_p``        ``adj_p`` and its tangent, from one augmented sweep    -
+``adj_jvp_p``        ``adj_p`` and its tangent, from one augmented sweep    -
 ================  =====================================================  ===================
 
 Each primitive's inputs come in named groups (:class:`FwdArgs`, :class:`TanArgs`,
-:class:`AdjArgs`), split and flattened in one place. The static :class:`Extent` says how many
+:class:`AdjArgs`), split and flattened in one place. The static :class:`LoopPlan` says how many
 steps the loop takes: ``length`` when known when tracing; otherwise the count is the ``steps``
 group (a while loop, :mod:`._while`), whose snapshots were placed online and carry their steps.
 
 Rules:
 
 - JVP of ``fwd_p``: ``fwd_p`` with ``save=True`` and ``tan_p(z, snaps; z_dot)``. When the
-  snapshots are read (``save``), ``tan_p`` also lays their tangents (``lay``: the tangent
+  snapshots are read (``save``), ``tan_p`` also lays their tangents (``save_tangents``: the tangent
   states at the same steps), which the JVP of the ``adj_p`` reading them takes as the tangent
   half of its augmented sweep's snapshots instead of running that sweep's forward again.
 - Transpose of ``tan_p`` in ``z_dot``: ``adj_p(z, snaps; ct)``.
@@ -29,7 +29,7 @@ Rules:
 - JVP of ``tan_p``: ``tan_p`` of the body ``jvp(P)`` (the tangent-of-tangent part).
 - JVP of ``adj_p``: ``J^T w_dot + Hess<w, F> z_dot``, which is the ``z``-half of
   ``adj_p`` on ``jvp(P)`` with cotangent ``(w_dot, w)``; its tangent half is ``J^T w``, the
-  primal output. ``adjt_p`` binds both: one augmented sweep where a separate primal sweep would
+  primal output. ``adj_jvp_p`` binds both: one augmented sweep where a separate primal sweep would
   cost a whole first-order adjoint more. Partial evaluation (``jax.linearize``, ``grad`` of an
   HVP) and its own JVP split it into the two ``adj_p`` again, since JAX needs primal outputs
   computed from primals alone.
@@ -38,14 +38,14 @@ Rules:
   is the same JVP-of-adjoint again) and ``w_dot_bar = J_Q ct`` (a ``tan_p``). No reverse sweep is
   ever transposed, so every order runs in memory bounded by the schedule: the snapshots of a
   ``k``-times augmented body hold ``2^k`` copies of the carry.
-- Batching appends a level: the primitive's program runs under ``jax.vmap`` (:mod:`._levels`),
+- Batching appends a level: the primitive's program runs under ``jax.vmap`` (:mod:`._batch_levels`),
   and the JVP and transpose of a batched primitive are the ``vmap`` of the unbatched rules.
 
 Each primitive lives in a module of its own, as ``jax.lax``'s loops do: the primitive, its input
 groups (a ``NamedTuple``), its abstract evaluation, lowering, bind function, JVP, transpose,
 partial evaluation, dead-code and batching rules, in that order: ``fwd_p`` in :mod:`._fwd_p`,
-``tan_p`` in :mod:`._tan_p`, ``adj_p`` in :mod:`._adj_p`, ``adjt_p`` in :mod:`._adj_jvp_p`.
-This module holds what they share: the static :class:`Extent`, the leaf-list helpers, the
+``tan_p`` in :mod:`._tan_p`, ``adj_p`` in :mod:`._adj_p`, ``adj_jvp_p`` in :mod:`._adj_jvp_p`.
+This module holds what they share: the static :class:`LoopPlan`, the leaf-list helpers, the
 abstract-evaluation and lowering rules' common form, and the batching fixpoint.
 """
 
@@ -58,7 +58,7 @@ from jax._src import core
 from jax._src.interpreters import ad, batching, mlir
 
 from ..schedules import Schedule
-from . import _levels
+from . import _batch_levels
 from ._body import Body, cut, is_float
 from ._offload import Layout, stored_effects, two_level
 from ._tables import tables_for
@@ -68,7 +68,7 @@ from ._tables import tables_for
 
 
 @dataclasses.dataclass(frozen=True)
-class Extent:
+class LoopPlan:
     """The steps a loop takes and the schedule that reverses them.
 
     ``length`` is the step count when it is known when tracing (``scan``, ``fori_loop``: an
@@ -209,19 +209,19 @@ def abstract_eval(outs_fn, stores):
     """The abstract evaluation rule; ``stores(**params)``: whether the primitive reaches the
     stores of offloaded slots (then it has their ordered effect)."""
 
-    def rule(*args, body, levels, **params):
+    def rule(*args, body, batch_levels, **params):
         effs = body.effects
         if stores(**params):
-            effs = effs | stored_effects(params["extent"].offload)
-        return _levels.batched_avals(outs_fn(body, **params), levels), effs
+            effs = effs | stored_effects(params["plan"].offload)
+        return _batch_levels.batched_avals(outs_fn(body, **params), batch_levels), effs
 
     return rule
 
 
 def lowering(impl):
-    def run(*args, levels, **params):
-        axes = _levels.names(levels)
-        return _levels.vmapped(lambda *a: impl(a, axes=axes, **params), levels)(*args)
+    def run(*args, batch_levels, **params):
+        axes = _batch_levels.names(batch_levels)
+        return _batch_levels.vmapped(lambda *a: impl(a, axes=axes, **params), batch_levels)(*args)
 
     return mlir.lower_fun(run, multiple_results=True)
 

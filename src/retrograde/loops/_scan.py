@@ -20,7 +20,7 @@ from ._carry import (
     with_weak_types,
 )
 from ._fwd_p import forward_loop
-from ._primitives import Extent
+from ._primitives import LoopPlan
 from ._tables import check_offline
 from ._while import named_while_loop
 
@@ -133,7 +133,7 @@ def _scan(f, init, xs, length, reverse, unroll, schedule, names: Names):
     init_flat = convert(init_flat, step.dtypes)
     if reverse:
         xs_flat = [lax.rev(x, (0,)) for x in xs_flat]
-    outs = forward_loop(body, Extent(length, schedule, unroll), consts, init_flat, xs_flat)
+    outs = forward_loop(body, LoopPlan(length, schedule, unroll), consts, init_flat, xs_flat)
     outs = forward_unchanged(body, init_flat, outs)
     outs = with_weak_types(outs, step.out_avals)
     carry = tree_util.tree_unflatten(step.carry_tree, outs[: body.nk])
