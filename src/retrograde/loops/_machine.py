@@ -5,8 +5,9 @@ The in-graph twin of :func:`retrograde.schedules.reverse_held`: reverse the segm
 own slot and every free slot at the time (a segment's slot is freed once it is done). State:
 a few int32 registers, a task stack of ``S + 2`` entries and the free list (``O(S)`` integers for
 ``S`` slots), so nothing here grows with ``N``. Each int32 vector has at most ``S + 2`` entries,
-so up to ``S = 126`` every buffer is at most 512 bytes: XLA's CPU runtime then runs a loop body
-of the machine's step in order, without its thread pool (docs/performance.md).
+so up to ``S = MAX_SMALL_SLOTS`` every buffer is within ``SMALL_BUFFER_BYTES`` (:mod:`._xla_cpu`)
+and a loop body of the machine's step runs in order (docs/performance.md, "The XLA CPU executor
+rule").
 
 Each :func:`step` emits one :class:`Action`:
 
@@ -305,7 +306,7 @@ def _last(r):
 
 def argsort(x):
     """The stable argsort of a vector, int32 (``jnp.argsort`` sorts int64 indices under x64:
-    buffers twice as large, over 512 bytes from 65 entries)."""
+    buffers twice as large, over ``SMALL_BUFFER_BYTES`` from 65 entries)."""
     return lax.sort((x, lax.iota(i32, x.shape[0])), num_keys=1, is_stable=True)[1]
 
 
