@@ -1,4 +1,4 @@
-"""Three primitives whose rules close under every JAX transformation.
+"""Four primitives whose rules close under every JAX transformation.
 
 Notation (``docs/derivatives.md``): ``z = (consts, carry_0, xs)`` are the inputs of a loop with
 body ``P``, ``F(z) = (carry_N, ys)`` its outputs, ``J = dF/dz``, and ``snaps`` the snapshots laid
@@ -10,27 +10,29 @@ primitive         computes                                               linear 
 ``fwd_p``         ``F(z)`` (and ``snaps`` when ``save``)                 -
 ``tan_p``         ``J(z) z_dot``: the forward loop of ``jvp(P)``         ``z_dot``
 ``adj_p``         ``J(z)^T w``: the schedule's reverse sweep             ``w``
-``adj_jvp_p``        ``adj_p`` and its tangent, from one augmented sweep    -
+``adj_jvp_p``     ``adj_p`` and its tangent, from one augmented sweep    -
 ================  =====================================================  ===================
 
-Each primitive's inputs come in named groups (:class:`FwdArgs`, :class:`TanArgs`,
-:class:`AdjArgs`), split and flattened in one place. The static :class:`LoopPlan` says how many
-steps the loop takes: ``length`` when known when tracing; otherwise the count is the ``steps``
-group (a while loop, :mod:`._while`), whose snapshots were placed online and carry their steps.
+Each primitive's inputs come in named groups, split and flattened in one place (a
+``NamedTuple`` in the primitive's module: ``FwdArgs``, ``TanArgs``, ``AdjArgs``,
+``AdjJvpArgs``). The static :class:`LoopPlan` says how many steps the loop takes: ``length``
+when known when tracing; otherwise the count is the ``steps`` group (a while loop,
+:mod:`._while`), whose snapshots were placed online and carry their steps.
 
 Rules:
 
 - JVP of ``fwd_p``: ``fwd_p`` with ``save=True`` and ``tan_p(z, snaps; z_dot)``. When the
-  snapshots are read (``save``), ``tan_p`` also lays their tangents (``save_tangents``: the tangent
-  states at the same steps), which the JVP of the ``adj_p`` reading them takes as the tangent
-  half of its augmented sweep's snapshots instead of running that sweep's forward again.
+  snapshots are read (``save``), ``tan_p`` also lays their tangents (``save_tangents``: the
+  tangent states at the same steps), which the JVP of the ``adj_p`` reading them takes as the
+  tangent half of its augmented sweep's snapshots instead of running that sweep's forward
+  again.
 - Transpose of ``tan_p`` in ``z_dot``: ``adj_p(z, snaps; ct)``.
 - Transpose of ``adj_p`` in ``w``: ``tan_p(z, snaps; ct)``.
 - JVP of ``tan_p``: ``tan_p`` of the body ``jvp(P)`` (the tangent-of-tangent part).
 - JVP of ``adj_p``: ``J^T w_dot + Hess<w, F> z_dot``, which is the ``z``-half of
   ``adj_p`` on ``jvp(P)`` with cotangent ``(w_dot, w)``; its tangent half is ``J^T w``, the
-  primal output. ``adj_jvp_p`` binds both: one augmented sweep where a separate primal sweep would
-  cost a whole first-order adjoint more. Partial evaluation (``jax.linearize``, ``grad`` of an
+  primal output. ``adj_jvp_p`` binds both: one augmented sweep where a separate primal sweep
+  would cost a whole first-order adjoint more. Partial evaluation (``jax.linearize``, ``grad`` of an
   HVP) and its own JVP split it into the two ``adj_p`` again, since JAX needs primal outputs
   computed from primals alone.
 - Transpose of that (``adj_p`` on ``C = jvp(Q)`` with the tangent half of ``z`` and the primal
@@ -38,8 +40,9 @@ Rules:
   is the same JVP-of-adjoint again) and ``w_dot_bar = J_Q ct`` (a ``tan_p``). No reverse sweep is
   ever transposed, so every order runs in memory bounded by the schedule: the snapshots of a
   ``k``-times augmented body hold ``2^k`` copies of the carry.
-- Batching appends a level: the primitive's program runs under ``jax.vmap`` (:mod:`._batch_levels`),
-  and the JVP and transpose of a batched primitive are the ``vmap`` of the unbatched rules.
+- Batching appends a level: the primitive's program runs under ``jax.vmap``
+  (:mod:`._batch_levels`), and the JVP and transpose of a batched primitive are the ``vmap`` of
+  the unbatched rules.
 
 Each primitive lives in a module of its own, as ``jax.lax``'s loops do: the primitive, its input
 groups (a ``NamedTuple``), its abstract evaluation, lowering, bind function, JVP, transpose,
