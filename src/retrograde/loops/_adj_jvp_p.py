@@ -34,9 +34,9 @@ adj_jvp_p.def_impl(lambda *args, **params: dispatch.apply_primitive(adj_jvp_p, *
 
 
 class AdjJvpArgs(NamedTuple):
-    """Inputs of ``adj_jvp_p``: ``primal``, the groups of :class:`AdjArgs`, then the tangents that
-    are not symbolic zeros, selected by ``masks``, one mask per group: consts, carry, xs,
-    carry_bar, ys_bar. With ``has_snaps``, ``primal.snaps`` are the forward sweep's snapshots
+    """Inputs of ``adj_jvp_p``: ``primal``, the groups of :class:`._adj_p.AdjArgs`, then the
+    tangents that are not symbolic zeros, selected by ``masks``, one mask per group: consts,
+    carry, xs, carry_bar, ys_bar. With ``has_snaps``, ``primal.snaps`` are the forward sweep's snapshots
     and ``dsnaps`` their tangents on the float stored leaves (rows, then ``u_{N-1}``), laid by
     the forward's ``tan_p``: together the augmented sweep's snapshots. Without, both sweeps lay
     their own."""
@@ -64,7 +64,7 @@ class AdjJvpArgs(NamedTuple):
     @classmethod
     def pack(cls, body: Body, a: AdjArgs, t: AdjArgs):
         """From the primals and tangents of ``adj_p``'s inputs: ``(args, masks)``. The
-        snapshots are shared if the forward laid their tangents (:func:`apply_tangent`)."""
+        snapshots are shared if the forward laid their tangents (:func:`._tan_p.apply_tangent`)."""
         groups = (t.consts, t.carry, t.xs, t.carry_bar, t.ys_bar)
         masks = tuple(tuple(nonzero(v) for v in g) for g in groups)
         given = [pick(m, g) for m, g in zip(masks, groups)]

@@ -244,8 +244,8 @@ def _cotangent_init(body, consts, xs, wrt=None):
 def adjoint(body: Body, tables: Tables, consts, carry0, xs, snaps, carry_bar, ys_bar, ymask,
             wrt=None, axes=()):
     """Execute the schedule's reverse sweep from the forward sweep's snapshots ``snaps`` (as
-    :func:`forward` returns them), or, with ``snaps is None``, its forward sweep first; return
-    the cotangents of the float leaves of consts, carry_0 and xs.
+    :func:`._forward_sweep.forward` returns them), or, with ``snaps is None``, its forward sweep
+    first; return the cotangents of the float leaves of consts, carry_0 and xs.
 
     ``carry_bar`` holds one cotangent per float carry leaf; ``ys_bar`` one per float ``y`` leaf
     whose ``ymask`` entry is True (the others are zero and never materialised). ``wrt`` (a
