@@ -36,10 +36,10 @@ adj_jvp_p.def_impl(lambda *args, **params: dispatch.apply_primitive(adj_jvp_p, *
 class AdjJvpArgs(NamedTuple):
     """Inputs of ``adj_jvp_p``: ``primal``, the groups of :class:`._adj_p.AdjArgs`, then the
     tangents that are not symbolic zeros, selected by ``masks``, one mask per group: consts,
-    carry, xs, carry_bar, ys_bar. With ``has_snaps``, ``primal.snaps`` are the forward sweep's snapshots
-    and ``dsnaps`` their tangents on the float stored leaves (rows, then ``u_{N-1}``), laid by
-    the forward's ``tan_p``: together the augmented sweep's snapshots. Without, both sweeps lay
-    their own."""
+    carry, xs, carry_bar, ys_bar. With ``has_snaps``, ``primal.snaps`` are the forward sweep's
+    snapshots and ``dsnaps`` their tangents on the float stored leaves (rows, then ``u_{N-1}``),
+    laid by the forward's ``tan_p``: together the augmented sweep's snapshots. Without, both
+    sweeps lay their own."""
 
     primal: AdjArgs
     dconsts: list
