@@ -104,7 +104,7 @@ def _cotangent_lists(body, plan, carry_bar, ys_bar, ymask):
             full_from_floats(expand(ymask, ys_bar, y_float), y_avals))
 
 
-def _adj_jvp_split(args, body, plan, has_snaps, ymask, wrt, masks):
+def _adj_jvp_split(args, body, plan, has_snaps, ymask, keep, masks):
     """``adj_jvp_p`` as the two ``adj_p`` it fuses: the primal adjoint (which then reads only
     primals) and the ``z``-half of the augmented one. Both lay their own snapshots: the
     forward's would live beside theirs when XLA runs them late, and the augmented one's are
@@ -112,11 +112,11 @@ def _adj_jvp_split(args, body, plan, has_snaps, ymask, wrt, masks):
     a, t = AdjJvpArgs.of(args, body, plan, has_snaps, ymask, masks).unpack(body, plan,
                                                                               ymask, masks)
     out = adj_p.bind(*flat(a), body=body, plan=plan, has_snaps=False, ymask=ymask,
-                     wrt=wrt, batch_levels=())
+                     keep=keep, batch_levels=())
     w = _cotangent_lists(body, plan, a.carry_bar, a.ys_bar, ymask)
     dw = _cotangent_lists(body, plan, t.carry_bar, t.ys_bar, ymask)
     tangent = adjoint_tangent(body, plan, a.z, (t.consts, t.carry, t.xs), w, dw, a.steps,
-                              wrt)
+                              keep)
     return [*out, *flat(tangent)]
 
 
@@ -130,22 +130,22 @@ def _adj_jvp_split_under(batch_levels, params):
 
 
 adj_jvp_p.def_effectful_abstract_eval(
-    abstract_eval(lambda body, plan, has_snaps, ymask, wrt, masks:
-                  2 * adj_out_avals(body, plan, wrt),
+    abstract_eval(lambda body, plan, has_snaps, ymask, keep, masks:
+                  2 * adj_out_avals(body, plan, keep),
                   lambda **params: True))
 
 
 # ----------------------------------------------------------------------------- lowering
 
 
-def _adj_jvp_impl(args, body, plan, has_snaps, ymask, wrt, masks):
+def _adj_jvp_impl(args, body, plan, has_snaps, ymask, keep, masks):
     """``adj_jvp_p`` in one augmented sweep: zero tangents are given to the float carry leaves
     and the kept consts and xs leaves that have none, so that its tangent half is ``J^T w``
-    whole. A carry leaf held constant (``wrt.carry``) is held in the primal adjoint only, so
+    whole. A carry leaf held constant (``keep.carry``) is held in the primal adjoint only, so
     then the two sweeps run apart. With ``has_snaps`` the sweep reads the forward's snapshots
     and their tangents instead of laying its own."""
-    if not all(wrt.carry):
-        return _adj_jvp_split(args, body, plan, has_snaps, ymask, wrt, masks)
+    if not all(keep.carry):
+        return _adj_jvp_split(args, body, plan, has_snaps, ymask, keep, masks)
     g = AdjJvpArgs.of(args, body, plan, has_snaps, ymask, masks)
     a, t = g.unpack(body, plan, ymask, masks)
     snaps = []
@@ -158,12 +158,12 @@ def _adj_jvp_impl(args, body, plan, has_snaps, ymask, wrt, masks):
         return [jnp.zeros(v.aval.shape, v.aval.dtype) if m and not nonzero(v) else v
                 for v, m in zip(tangents, mask)]
 
-    dz = (forced(t.consts, body.const_avals, full_mask(wrt.consts, body.const_avals)),
+    dz = (forced(t.consts, body.const_avals, full_mask(keep.consts, body.const_avals)),
           forced(t.carry, body.carry_avals, [is_float(v) for v in body.carry_avals]),
-          forced(t.xs, x_avals, full_mask(wrt.xs, body.x_avals)))
+          forced(t.xs, x_avals, full_mask(keep.xs, body.x_avals)))
     w = _cotangent_lists(body, plan, a.carry_bar, a.ys_bar, ymask)
     dw = _cotangent_lists(body, plan, t.carry_bar, t.ys_bar, ymask)
-    primal, tangent = adjoint_tangent(body, plan, a.z, dz, w, dw, a.steps, wrt, primal=True,
+    primal, tangent = adjoint_tangent(body, plan, a.z, dz, w, dw, a.steps, keep, primal=True,
                                       snaps=snaps)
     return [*flat(primal), *flat(tangent)]
 
@@ -223,9 +223,9 @@ pe.dce_rules[adj_jvp_p] = lambda used, eqn: adj_dce(used, eqn, halves=2)
 # ----------------------------------------------------------------------------- batching
 
 
-def _adj_jvp_out_axes(data, dims, *, body, plan, has_snaps, ymask, wrt, masks):
+def _adj_jvp_out_axes(data, dims, *, body, plan, has_snaps, ymask, keep, masks):
     check_unbatched_steps(AdjJvpArgs.of(dims, body, plan, has_snaps, ymask, masks).primal.steps)
-    return [0] * (2 * len(adj_out_avals(body, plan, wrt)))
+    return [0] * (2 * len(adj_out_avals(body, plan, keep)))
 
 
 _batch_levels.batcher(adj_jvp_p, _adj_jvp_out_axes)
@@ -239,7 +239,7 @@ def _adj_jvp_batch(data, args, dims, *, batch_levels, **params):
                       params["ymask"], params["masks"])
     if any(v is not None for v in flat(d.primal)) or all(v is None for v in dims):
         return _adj_jvp_batched(data, args, dims, batch_levels=batch_levels, **params)
-    n = len(adj_out_avals(params["body"], params["plan"], params["wrt"]))
+    n = len(adj_out_avals(params["body"], params["plan"], params["keep"]))
     axes = [None] * n + [0] * n
     name = None if data.name is core.no_axis_name else data.name
     outs = jax.vmap(_adj_jvp_split_under(batch_levels, params), in_axes=list(dims), out_axes=axes,

@@ -62,12 +62,12 @@ class AdjArgs(NamedTuple):
 
 
 class WrtMasks(NamedTuple):
-    """Which float leaves ``adj_p`` differentiates with respect to (static): masks over the
-    float leaves of consts, xs and carry. Consts and xs leaves not kept get no output (they are
-    held constant, at no cost); carry leaves not kept are held constant too and their output
-    cotangent is zero. A carry leaf may be left out only if no kept leaf depends on it (those
-    without a tangent in the JVP's fixed point, as ``lax``'s loops leave them: e.g. a time
-    that a ``VirtualBrownianTree`` refuses to differentiate)."""
+    """Which float leaves ``adj_p`` differentiates with respect to (static, its ``keep``
+    parameter): masks over the float leaves of consts, xs and carry. Consts and xs leaves not
+    kept get no output (they are held constant, at no cost); carry leaves not kept are held
+    constant too and their output cotangent is zero. A carry leaf may be left out only if no
+    kept leaf depends on it (those without a tangent in the JVP's fixed point, as ``lax``'s
+    loops leave them: e.g. a time that a ``VirtualBrownianTree`` refuses to differentiate)."""
 
     consts: tuple
     xs: tuple
@@ -81,50 +81,50 @@ class WrtMasks(NamedTuple):
 
 
 class AdjOuts(NamedTuple):
-    """Outputs of ``adj_p``: cotangents of the float consts and xs leaves selected by ``wrt``,
-    and of every float carry leaf (zero where ``wrt.carry`` is False)."""
+    """Outputs of ``adj_p``: cotangents of the float consts and xs leaves selected by ``keep``,
+    and of every float carry leaf (zero where ``keep.carry`` is False)."""
 
     consts: list
     carry: list
     xs: list
 
     @classmethod
-    def of(cls, outs, body: Body, wrt: WrtMasks):
+    def of(cls, outs, body: Body, keep: WrtMasks):
         return split_groups(cls, outs,
-                            [sum(wrt.consts), n_float(body.carry_avals), sum(wrt.xs)])
+                            [sum(keep.consts), n_float(body.carry_avals), sum(keep.xs)])
 
 
 # ----------------------------------------------------------------------------- abstract evaluation
 
 
-def adj_out_avals(body, plan, wrt):
-    outs = pick(wrt.consts, floats_of(body.const_avals, body.const_avals))
+def adj_out_avals(body, plan, keep):
+    outs = pick(keep.consts, floats_of(body.const_avals, body.const_avals))
     outs += floats_of(body.carry_avals, body.carry_avals)
     if plan.dynamic:
         return outs
     xs = xs_avals(body, plan.length)
-    return outs + pick(wrt.xs, floats_of(xs, body.x_avals))
+    return outs + pick(keep.xs, floats_of(xs, body.x_avals))
 
 
 adj_p.def_effectful_abstract_eval(
-    abstract_eval(lambda body, plan, has_snaps, ymask, wrt: adj_out_avals(body, plan, wrt),
+    abstract_eval(lambda body, plan, has_snaps, ymask, keep: adj_out_avals(body, plan, keep),
                   lambda **params: True))
 
 
 # ----------------------------------------------------------------------------- lowering
 
 
-def _adj_impl(args, body, plan, has_snaps, ymask, wrt, axes):
+def _adj_impl(args, body, plan, has_snaps, ymask, keep, axes):
     a = AdjArgs.of(args, body, plan, has_snaps, ymask)
     if plan.dynamic:
         snaps = (a.snaps[:-1], a.snaps[-1]) if has_snaps else None
         cbar, kbar = adjoint_while(body, plan.n_slots, plan.max_steps, a.steps[0], a.consts,
                                    a.carry, snaps,
-                                   a.carry_bar, wrt, axes, plan.offload)
+                                   a.carry_bar, keep, axes, plan.offload)
         return [*cbar, *kbar]
     cbar, kbar, xbar = adjoint(body, plan.tables(), a.consts, a.carry, a.xs,
                                a.snaps if has_snaps else None, a.carry_bar, a.ys_bar, ymask,
-                               wrt, axes)
+                               keep, axes)
     return [*cbar, *kbar, *xbar]
 
 
@@ -134,30 +134,30 @@ mlir.register_lowering(adj_p, lowering(_adj_impl))
 # ----------------------------------------------------------------------------- bind
 
 
-def apply_adjoint(body, plan, z, snaps, kbar, ybar, steps=(), wrt=None) -> AdjOuts:
+def apply_adjoint(body, plan, z, snaps, kbar, ybar, steps=(), keep=None) -> AdjOuts:
     """``J(z)^T w`` over the float leaves of ``z``; ``w = (kbar, ybar)`` are full leaf lists over
     the outputs (symbolic zeros allowed; non-float leaves ignored). Returns the cotangents of the
-    float leaves of consts, carry and xs (of those selected by ``wrt``, a :class:`WrtMasks`;
+    float leaves of consts, carry and xs (of those selected by ``keep``, a :class:`WrtMasks`;
     ``None``: all)."""
     c, k, x = z
     kbar_f = [instantiate(t) for t in floats_of(kbar, body.carry_avals)]
     ybar_f = floats_of(ybar, body.y_avals)
     ymask = tuple(nonzero(t) for t in ybar_f)
-    wrt = WrtMasks.every(body) if wrt is None else wrt
+    keep = WrtMasks.every(body) if keep is None else keep
     args = AdjArgs(list(steps), list(c), list(k), list(x), list(snaps), kbar_f,
                    pick(ymask, ybar_f))
     outs = adj_p.bind(*flat(args), body=body, plan=plan, has_snaps=bool(snaps),
-                      ymask=ymask, wrt=wrt, batch_levels=())
-    return AdjOuts.of(outs, body, wrt)
+                      ymask=ymask, keep=keep, batch_levels=())
+    return AdjOuts.of(outs, body, keep)
 
 
-def adjoint_tangent(body, plan, z, dz, w, dw, steps=(), wrt=None, primal=False, snaps=()):
+def adjoint_tangent(body, plan, z, dz, w, dw, steps=(), keep=None, primal=False, snaps=()):
     """Tangent of ``z, w -> J(z)^T w`` along ``(dz, dw)``: ``J^T dw + Hess<w, F> dz``.
 
     ``w = (kbar, ybar)`` and ``dw`` are full leaf lists over the outputs (symbolic zeros
     allowed). Computed as the ``z``-half of the adjoint of ``jvp(body)`` with cotangent
     ``(dw, w)``. Returns cotangents over the float leaves of consts, carry and xs (those
-    selected by ``wrt``, as in :func:`apply_adjoint`), an :class:`AdjOuts`.
+    selected by ``keep``, as in :func:`apply_adjoint`), an :class:`AdjOuts`.
 
     With ``primal``, returns ``(J^T w, tangent)``: ``J^T w`` is the cotangent of the tangent
     half of the same sweep, so it costs no sweep of its own. That needs a tangent on every float
@@ -178,39 +178,39 @@ def adjoint_tangent(body, plan, z, dz, w, dw, steps=(), wrt=None, primal=False, 
     # Cotangent on the child's outputs: (dw on the primal half, w on the tangent half).
     kbar_child = [*dkbar, *pick(mk, kbar)]
     ybar_child = [*dybar, *pick(my, ybar)]
-    wrt = WrtMasks.every(body) if wrt is None else wrt
+    keep = WrtMasks.every(body) if keep is None else keep
     # Only the primal half of the child's consts and xs cotangents is wanted; its carry is
     # differentiated where the parent's is, and on every tangent leaf.
     # With ``primal``, also the tangent halves of the kept consts and xs leaves.
-    tc = tuple(pick(mc, full_mask(wrt.consts, body.const_avals))) if primal else ()
-    tx = tuple(pick(mx, full_mask(wrt.xs, body.x_avals))) if primal else ()
-    child_wrt = WrtMasks(wrt.consts + (tc or (False,) * sum(mc)),
-                         wrt.xs + (tx or (False,) * sum(mx)), wrt.carry + (True,) * sum(mk))
+    tc = tuple(pick(mc, full_mask(keep.consts, body.const_avals))) if primal else ()
+    tx = tuple(pick(mx, full_mask(keep.xs, body.x_avals))) if primal else ()
+    child_keep = WrtMasks(keep.consts + (tc or (False,) * sum(mc)),
+                          keep.xs + (tx or (False,) * sum(mx)), keep.carry + (True,) * sum(mk))
     out = apply_adjoint(child, plan, (zc, zk, zx), list(snaps), kbar_child, ybar_child, steps,
-                        child_wrt)
-    nc, nf, nx = sum(wrt.consts), n_float(body.carry_avals), sum(wrt.xs)
+                        child_keep)
+    nc, nf, nx = sum(keep.consts), n_float(body.carry_avals), sum(keep.xs)
     tangent = AdjOuts(out.consts[:nc], out.carry[:nf], out.xs[:nx])
     if not primal:
         return tangent
-    assert sum(tc) == nc and sum(tx) == nx and all(wrt.carry) and len(out.carry) == 2 * nf
+    assert sum(tc) == nc and sum(tx) == nx and all(keep.carry) and len(out.carry) == 2 * nf
     return AdjOuts(out.consts[nc:], out.carry[nf:], out.xs[nx:]), tangent
 
 
 # ----------------------------------------------------------------------------- JVP
 
 
-def _adj_jvp(primals, tangents, *, body, plan, has_snaps, ymask, wrt, batch_levels):
+def _adj_jvp(primals, tangents, *, body, plan, has_snaps, ymask, keep, batch_levels):
     a = AdjArgs.of(primals, body, plan, has_snaps, ymask)
     t = AdjArgs.of(tangents, body, plan, has_snaps, ymask)
     if not any(nonzero(v) for v in [*t.consts, *t.carry, *t.xs, *t.carry_bar, *t.ys_bar]):
         out = adj_p.bind(*primals, body=body, plan=plan, has_snaps=has_snaps, ymask=ymask,
-                         wrt=wrt, batch_levels=())
+                         keep=keep, batch_levels=())
         return out, [zero(core.typeof(o)) for o in out]
     from ._adj_jvp_p import AdjJvpArgs, adj_jvp_p  # the JVP's primitive: it imports this module
 
     args, masks = AdjJvpArgs.pack(body, a, t)
     outs = adj_jvp_p.bind(*args.flat(), body=body, plan=plan, has_snaps=bool(args.dsnaps),
-                          ymask=ymask, wrt=wrt, masks=masks, batch_levels=())
+                          ymask=ymask, keep=keep, masks=masks, batch_levels=())
     return cut(outs, [len(outs) // 2, len(outs) // 2])
 
 
@@ -220,16 +220,16 @@ ad.primitive_jvps[adj_p] = _batch_levels.jvp_rule(_adj_jvp)
 # ----------------------------------------------------------------------------- transpose
 
 
-def _adj_transpose(cts, *args, body, plan, has_snaps, ymask, wrt, batch_levels):
+def _adj_transpose(cts, *args, body, plan, has_snaps, ymask, keep, batch_levels):
     a = AdjArgs.of(args, body, plan, has_snaps, ymask)
-    ct = AdjOuts.of(cts, body, wrt)
+    ct = AdjOuts.of(cts, body, keep)
     x_avals = xs_avals(body, plan.length) if not plan.dynamic else []
     # Cotangents over all float consts, carry and xs leaves (zero where this adjoint's output
     # is none or constant).
-    ct_c = expand(wrt.consts, ct.consts, floats_of(body.const_avals, body.const_avals))
-    ct_k = expand(wrt.carry, pick(wrt.carry, ct.carry),
+    ct_c = expand(keep.consts, ct.consts, floats_of(body.const_avals, body.const_avals))
+    ct_k = expand(keep.carry, pick(keep.carry, ct.carry),
                   floats_of(body.carry_avals, body.carry_avals))
-    ct_x = expand(wrt.xs, ct.xs, floats_of(x_avals, body.x_avals))
+    ct_x = expand(keep.xs, ct.xs, floats_of(x_avals, body.x_avals))
     n_pre = len(a.steps) + len(a.consts) + len(a.carry) + len(a.xs) + len(a.snaps)
     if not any(undefined(v) for v in [*a.consts, *a.carry, *a.xs, *a.snaps]):
         # w -> J^T w is linear; its transpose is ct -> J ct.
@@ -331,12 +331,12 @@ def adj_dce(used_outputs, eqn, halves=1):
     """Drop the consts and xs cotangents nobody reads: the adjoint then holds those leaves
     constant, so they cost neither per-step work nor memory (an unread ``xs`` cotangent would
     be an ``O(N)`` buffer). Carry cotangents are the sweep's state and always stay. With
-    ``halves=2`` (``adj_jvp_p``) the outputs are two :class:`AdjOuts` over the same ``wrt``: a
+    ``halves=2`` (``adj_jvp_p``) the outputs are two :class:`AdjOuts` over the same ``keep``: a
     leaf stays if either reads it."""
     if not any(used_outputs) and not eqn.effects:
         return [False] * len(eqn.invars), None
     params = eqn.params
-    old, body = params["wrt"], params["body"]
+    old, body = params["keep"], params["body"]
     n = len(used_outputs) // halves
     used = AdjOuts.of([any(used_outputs[i::n]) for i in range(n)], body, old)
 
@@ -344,15 +344,15 @@ def adj_dce(used_outputs, eqn, halves=1):
         it = iter(used)
         return tuple(m and next(it) for m in mask)
 
-    wrt = old._replace(consts=narrow(old.consts, used.consts), xs=narrow(old.xs, used.xs))
-    if wrt == old:
+    keep = old._replace(consts=narrow(old.consts, used.consts), xs=narrow(old.xs, used.xs))
+    if keep == old:
         return [True] * len(eqn.invars), eqn
     selected = AdjOuts(used.consts, [True] * len(used.carry), used.xs)
     flags = flat(selected) * halves
     batch_levels = tuple(dataclasses.replace(lv, out_axes=tuple(pick(flags, lv.out_axes)))
                          for lv in params["batch_levels"])
     outvars = pick(flags, eqn.outvars)
-    new = eqn.replace(params=dict(params, wrt=wrt, batch_levels=batch_levels), outvars=outvars)
+    new = eqn.replace(params=dict(params, keep=keep, batch_levels=batch_levels), outvars=outvars)
     return [True] * len(eqn.invars), new
 
 
@@ -362,9 +362,9 @@ pe.dce_rules[adj_p] = adj_dce
 # ----------------------------------------------------------------------------- batching
 
 
-def _adj_out_axes(data, dims, *, body, plan, has_snaps, ymask, wrt):
+def _adj_out_axes(data, dims, *, body, plan, has_snaps, ymask, keep):
     check_unbatched_steps(AdjArgs.of(dims, body, plan, has_snaps, ymask).steps)
-    return [0] * len(adj_out_avals(body, plan, wrt))
+    return [0] * len(adj_out_avals(body, plan, keep))
 
 
 _batch_levels.batcher(adj_p, _adj_out_axes)

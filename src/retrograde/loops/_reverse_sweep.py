@@ -52,9 +52,9 @@ def confined(seeds, sweep, zero, axes):
     return lax.cond(any_over(pred, axes), sweep, zero)
 
 
-def _differentiated(body, wrt):
+def _differentiated(body, keep):
     """Which consts and xs leaves get cotangents: ``(fc, fx)``, the float leaves selected by
-    ``wrt`` (a ``WrtMasks``: masks over the float leaves; ``None`` selects them all)."""
+    ``keep`` (a ``WrtMasks``: masks over the float leaves; ``None`` selects them all)."""
 
     def masked(avals, mask):
         fl = [is_float(a) for a in avals]
@@ -63,7 +63,7 @@ def _differentiated(body, wrt):
         it = iter(mask)
         return [f and next(it) for f in fl]
 
-    cmask, xmask = (wrt.consts, wrt.xs) if wrt is not None else (None, None)
+    cmask, xmask = (keep.consts, keep.xs) if keep is not None else (None, None)
     return masked(body.const_avals, cmask), masked(body.x_avals, xmask)
 
 
@@ -77,14 +77,14 @@ class StepRunner:
 
     off: Offload | None = None
 
-    def __init__(self, body: Body, consts, xs, ys_bar, ymask, wrt, batched):
+    def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep, batched):
         self.body, self.consts, self.xs = body, consts, xs
         self.run = body.runner(batched)
-        self.fc, self.fx = _differentiated(body, wrt)
+        self.fc, self.fx = _differentiated(body, keep)
         self.fk = [is_float(a) for a in body.carry_avals]
         # Float carry leaves held constant (their cotangents come out zero).
-        self.held_k = ([False] * sum(self.fk) if wrt is None
-                       else [not k for k in wrt.carry])
+        self.held_k = ([False] * sum(self.fk) if keep is None
+                       else [not k for k in keep.carry])
         self.fy = [is_float(a) for a in body.y_avals]
         self.y_avals_f = [a for a, f in zip(body.y_avals, self.fy) if f]
         ybar_of = iter(ys_bar)
@@ -234,29 +234,29 @@ def reverse(steps: StepRunner, source: MacroActionSource, cur, slots, kbar, cbar
     return state[4], state[5], state[6]
 
 
-def _cotangent_init(body, consts, xs, wrt=None):
-    fc, fx = _differentiated(body, wrt)
+def _cotangent_init(body, consts, xs, keep=None):
+    fc, fx = _differentiated(body, keep)
     consts_bar = [jnp.zeros_like(c) for c, f in zip(consts, fc) if f]
     xs_bar = [jnp.zeros_like(x) for x, f in zip(xs, fx) if f]
     return consts_bar, xs_bar
 
 
 def adjoint(body: Body, tables: Tables, consts, carry0, xs, snaps, carry_bar, ys_bar, ymask,
-            wrt=None, axes=()):
+            keep=None, axes=()):
     """Execute the schedule's reverse sweep from the forward sweep's snapshots ``snaps`` (as
     :func:`._forward_sweep.forward` returns them), or, with ``snaps is None``, its forward sweep
     first; return the cotangents of the float leaves of consts, carry_0 and xs.
 
     ``carry_bar`` holds one cotangent per float carry leaf; ``ys_bar`` one per float ``y`` leaf
-    whose ``ymask`` entry is True (the others are zero and never materialised). ``wrt`` (a
+    whose ``ymask`` entry is True (the others are zero and never materialised). ``keep`` (a
     ``WrtMasks``) selects the float leaves whose cotangents are wanted (``None``: all); the others
     are held constant, so their cotangents cost neither time nor memory. ``axes``:
     the names of the ``vmap`` axes this runs under (see :func:`confined`).
     """
-    consts_bar, xs_bar = _cotangent_init(body, consts, xs, wrt)
+    consts_bar, xs_bar = _cotangent_init(body, consts, xs, keep)
     if tables.length == 0:
         return consts_bar, list(carry_bar), xs_bar
-    steps = StepRunner(body, consts, xs, ys_bar, ymask, wrt, bool(axes))
+    steps = StepRunner(body, consts, xs, ys_bar, ymask, keep, bool(axes))
     ns = sum(body.stored)
 
     def sweep(snaps, off=None):
@@ -289,7 +289,7 @@ def adjoint(body: Body, tables: Tables, consts, carry0, xs, snaps, carry_bar, ys
 
 
 def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, ck, carry_bar,
-                  wrt=None, axes=(), layout=None):
+                  keep=None, axes=(), layout=None):
     """Reverse ``n_steps`` steps of a body without per-step inputs or outputs.
 
     From ``ck = (slots, held)`` (the forward sweep's snapshots) or, with ``ck is None``, after
@@ -300,8 +300,8 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
     (``ck = ([handle, *tags], held)``): each segment's start is restored from it into one of the
     ``n_slots`` device slots, which reverse the segment (:class:`._offload.Segments`).
     """
-    consts_bar, _ = _cotangent_init(body, consts, [], wrt)
-    steps = StepRunner(body, consts, [], [], (), wrt, bool(axes))
+    consts_bar, _ = _cotangent_init(body, consts, [], keep)
+    steps = StepRunner(body, consts, [], [], (), keep, bool(axes))
 
     def sweep_offloaded(handle, held, tags):
         steps.off = Offload(layout, handle, tags)

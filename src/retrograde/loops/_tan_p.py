@@ -199,8 +199,8 @@ def _tan_transpose(cts, *args, body, plan, has_snaps, masks, save_tangents, batc
     kbar = expand(mk, ctk, body.carry_avals)
     ybar = expand(my, cty, y_avals)
     # Carry leaves without a tangent are held constant (nothing with a tangent depends on them).
-    wrt = WrtMasks.every(body)._replace(carry=tuple(floats_of(mk, body.carry_avals)))
-    bar = apply_adjoint(body, plan, a.z, a.snaps, kbar, ybar, a.steps, wrt)
+    keep = WrtMasks.every(body)._replace(carry=tuple(floats_of(mk, body.carry_avals)))
+    bar = apply_adjoint(body, plan, a.z, a.snaps, kbar, ybar, a.steps, keep)
     full = (
         full_from_floats(bar.consts, body.const_avals),
         full_from_floats(bar.carry, body.carry_avals),
