@@ -33,13 +33,8 @@ FORBIDDEN = {
     "retrograde.planner": (*JAX, "retrograde.loops", "retrograde.host", *ADAPTERS),
 }
 
-#: Private names still imported across modules inside ``loops/``, being regrouped with
-#: ``loops/_primitives.py`` and ``loops/_execute.py`` (issue #32); nothing may join them.
-KNOWN_PRIVATE = {
-    ("retrograde.loops._while", "retrograde.loops._primitives", "_zero"),
-    ("retrograde.loops._scan", "retrograde.loops._while", "_while_loop"),
-    ("retrograde.loops._offload", "retrograde.loops._machine", "_select"),
-}
+#: Private names imported across modules: none.
+KNOWN_PRIVATE: set = set()
 
 
 def _hits(modules, forbidden):

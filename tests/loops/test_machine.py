@@ -19,7 +19,7 @@ from hypothesis import strategies as hst
 from retrograde.loops import _machine as M
 from retrograde.loops import _binomial as B
 from retrograde.loops._binomial import COST_CAP, _optimum_table, optimum
-from retrograde.loops._execute import _RowSource
+from retrograde.loops._sources import RowSource
 from retrograde.loops._placement import store_slot
 from retrograde.loops._tables import tables_for
 from retrograde.schedules import (
@@ -313,7 +313,7 @@ def test_row_tables_are_the_machines_actions(schedule):
         assert acts[k - 1, 0] == M.DONE
         k = int(k) - 1
         assert tables.rows.tolist() == acts[:k].tolist(), (schedule, n)
-        source = _RowSource(tables)
+        source = RowSource(tables)
         got = np.asarray(jax.vmap(source.leaf_slots)(jnp.arange(1, k + 1)))
         for row, mine, theirs in zip(acts[:k], got, idxs[:k]):
             if row[0] == M.LEAF:

@@ -117,9 +117,9 @@ def test_past_the_decision_table(monkeypatch, n):
     are the schedule's, and the predicate runs once per state, twice on the state where the
     table's loop hands over (there only if the loop gets that far); also under ``vmap`` with a
     batched predicate."""
-    from retrograde.loops import _execute
+    from retrograde.loops import _placement
 
-    monkeypatch.setattr(_execute, "DECISIONS", 20)
+    monkeypatch.setattr(_placement, "DECISIONS", 20)
     steps, preds = [0], [0]
 
     def advance(theta, u):

@@ -85,8 +85,8 @@ def _beta_row(s, s_max: int, q_max: int):
     top = min(s_max, TABLE_ROWS)
     table = beta_table(top, q_max).astype(np.int32)
     # One constant per column, each of ``top + 1`` entries: for the machine (``s_max = S + 1``)
-    # up to 126 slots every buffer its step reads is at most 512 bytes, so XLA's CPU runtime
-    # runs it in order.
+    # up to MAX_SMALL_SLOTS slots every buffer its step reads is within SMALL_BUFFER_BYTES
+    # (:mod:`._xla_cpu`; docs/performance.md, "The XLA CPU executor rule").
     unit = np.eye(q_max + 1, dtype=np.int32)
     sc = jnp.clip(s, 0, top)
     row = sum(lax.dynamic_index_in_dim(jnp.asarray(table[:, q]), sc, 0, keepdims=False) * unit[q]

@@ -8,7 +8,7 @@ leaves in, ``nk`` carry leaves and ``ny`` per-step output leaves out.
 in group layout (each group's primal leaves, then the tangents of the leaves selected by a mask),
 and remembers its parent, so that the transpose rules can recognise the tangent half of an input.
 Bodies are never batched: a batched loop runs its unbatched program under ``jax.vmap``
-(:mod:`._levels`).
+(:mod:`._batch_levels`).
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ The in-graph twin of :func:`retrograde.schedules.reverse_held`: reverse the segm
 own slot and every free slot at the time (a segment's slot is freed once it is done). State:
 a few int32 registers, a task stack of ``S + 2`` entries and the free list (``O(S)`` integers for
 ``S`` slots), so nothing here grows with ``N``. Each int32 vector has at most ``S + 2`` entries,
-so up to ``S = 126`` every buffer is at most 512 bytes: XLA's CPU runtime then runs a loop body
-of the machine's step in order, without its thread pool (docs/performance.md).
+so up to ``S = MAX_SMALL_SLOTS`` every buffer is within ``SMALL_BUFFER_BYTES`` (:mod:`._xla_cpu`)
+and a loop body of the machine's step runs in order (docs/performance.md, "The XLA CPU executor
+rule").
 
 Each :func:`step` emits one :class:`Action`:
 
@@ -200,14 +201,14 @@ def step(st, with_pairs=False):
         sp=r["sp"] - 1, phase=jnp.where(r["sp"] < 0, P_DONE, P_TASK),
     )
     popping = phase == P_POP
-    regs = _select(popping, popped, r)
+    regs = select(popping, popped, r)
     free = _write(free, r["fp"], top.release, popping & frees)
 
     task_out, splits = _task(regs, free)
     new, action = dict(regs, phase=i32(P_DONE)), _action(DONE)
     for k, out in ((P_TRAIL, _trail(regs)), (P_TASK, task_out), (P_S1, _s1(regs)),
                    (P_LAST, _last(regs))):
-        new, action = _select(regs["phase"] == k, out, (new, action))
+        new, action = select(regs["phase"] == k, out, (new, action))
     new = dict(new, taken=i32(0))
     if with_pairs:
         new, action, free = _pairs(regs, new, action, stack, free)
@@ -234,7 +235,7 @@ def _pairs(r, new, action, stack, free):
     taken = jnp.where(two, jnp.minimum(below, fp), 0)  # a free slot for each but the top one
     b = action.stop
     pairs = _action(PAIRS, start=b - 2 * (taken + 1), stop=b, first=b - 1, fresh=True)
-    action = _select(taken > 0, pairs, action)
+    action = select(taken > 0, pairs, action)
     free = free.at[jnp.where(i < taken, fp + i, free.shape[0])].set(seg.release, mode="drop")
     new = dict(new, taken=taken, sp=new["sp"] - taken, fp=new["fp"] + taken,
                lkind=jnp.where(taken > 0, L_PAIRS, new["lkind"]),
@@ -280,7 +281,7 @@ def _task(r, free):
         sp=jnp.where(splits, r["sp"] + 1, r["sp"]),
         lkind=i32(L_FREE),
     )
-    return (new, _select(leafy, leaf, move)), splits
+    return (new, select(leafy, leaf, move)), splits
 
 
 def _s1(r):
@@ -293,7 +294,7 @@ def _s1(r):
         r, at_hand=False, adv=~recorded, k=jnp.where(recorded, k - 1, k),
         phase=jnp.where(recorded & (k - 1 < a), P_POP, P_S1), lkind=i32(L_FREE),
     )
-    return new, _select(recorded, leaf, move)
+    return new, select(recorded, leaf, move)
 
 
 def _last(r):
@@ -305,7 +306,7 @@ def _last(r):
 
 def argsort(x):
     """The stable argsort of a vector, int32 (``jnp.argsort`` sorts int64 indices under x64:
-    buffers twice as large, over 512 bytes from 65 entries)."""
+    buffers twice as large, over ``SMALL_BUFFER_BYTES`` from 65 entries)."""
     return lax.sort((x, lax.iota(i32, x.shape[0])), num_keys=1, is_stable=True)[1]
 
 
@@ -329,6 +330,6 @@ def _write(x, i, v, pred):
     return lax.dynamic_update_index_in_dim(x, jnp.where(pred, v, old), i, 0)
 
 
-def _select(pred, a, b):
+def select(pred, a, b):
     """``a`` where ``pred`` else ``b``, leaf by leaf (pytrees of the same structure)."""
     return tree_util.tree_map(lambda x, y: jnp.where(pred, x, y), a, b)

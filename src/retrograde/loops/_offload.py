@@ -518,16 +518,16 @@ class Offload:
 
 
 def unread_snapshots_dce(used_outputs, eqn, n_kept: int, effects):
-    """The dead-code rule of a forward primitive (params ``save``, ``extent``, ``levels``) whose
+    """The dead-code rule of a forward primitive (params ``save``, ``plan``, ``batch_levels``) whose
     outputs from ``n_kept`` on are its snapshots: offloaded snapshots that nothing reads (a
     forward-mode program) are not laid, so no store is opened (it would stay open, unread);
     ``effects``: the primitive's effects without ``save``."""
     params = eqn.params
-    if params["save"] and params["extent"].offload is not None and not any(
+    if params["save"] and params["plan"].offload is not None and not any(
             used_outputs[n_kept:]):
         levels = tuple(dataclasses.replace(lv, out_axes=lv.out_axes[:n_kept])
-                       for lv in params["levels"])
-        eqn = eqn.replace(params=dict(params, save=False, levels=levels),
+                       for lv in params["batch_levels"])
+        eqn = eqn.replace(params=dict(params, save=False, batch_levels=levels),
                           outvars=eqn.outvars[:n_kept], effects=effects)
         used_outputs = used_outputs[:n_kept]
     if not any(used_outputs) and not eqn.effects:
@@ -565,8 +565,8 @@ class Segments:
     State: the segment index and the machine (``O(n_device)`` integers).
     """
 
-    with_pairs = False  # no PAIRS leaves (see _execute._Binomial)
-    control_apart = True  # the machine's step, as _execute._Binomial's
+    with_pairs = False  # no PAIRS leaves (see _sources.BinomialSource)
+    control_apart = True  # the machine's step, as _sources.BinomialSource's
     first = None  # the first action is read as the others are
 
     def __init__(self, n_device: int, held, n_steps):
@@ -600,8 +600,8 @@ class Segments:
         restore = machine.Action(*(jnp.asarray(v, i32) for v in (
             machine.MOVE, self.n_device + self.order[jnp.maximum(j, 0)], a, a, 0, 0, 0)))
         emit = (pending & (i >= 0)) | switch
-        ms = machine._select(switch, self._machine(j), machine._select(pending, ms, ms_next))
-        act = machine._select(emit, restore, act)
+        ms = machine.select(switch, self._machine(j), machine.select(pending, ms, ms_next))
+        act = machine.select(emit, restore, act)
         return (j, jnp.bool_(False), ms), act
 
     def leaf_slots(self, st):

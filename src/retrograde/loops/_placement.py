@@ -1,19 +1,27 @@
 """The ``Online`` forward placement rule in ``jax.numpy``, for loops of unknown length.
 
-A line-by-line twin of :func:`retrograde.schedules.online_store_slot` (tested to make the same
-decisions): with ``u_n`` at hand and ``held[k]`` the step held in slot ``k`` (``-1`` empty), return
-the slot to overwrite with ``u_n``, or ``-1``. Integer arithmetic in int32; costs saturate at
-``2**30`` (only reached for segments far longer than a run with that many slots would make).
+:func:`store_slot` is a line-by-line twin of :func:`retrograde.schedules.online_store_slot`
+(tested to make the same decisions): with ``u_n`` at hand and ``held[k]`` the step held in
+slot ``k`` (``-1`` empty), return the slot to overwrite with ``u_n``, or ``-1``. Integer
+arithmetic in int32; costs saturate at ``2**30`` (only reached for segments far longer than a
+run with that many slots would make).
+
+:func:`online_phases` applies it in a compiled loop: the first :data:`DECISIONS` decisions are
+read off a table computed once in Python (the rule reads only step numbers), later steps
+evaluate :func:`store_slot`. :func:`place_thinned` places by ``Online(s, slow=...)``'s thinning
+rule instead.
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..schedules import online_decisions
 from ._binomial import optimum, targets
+from ._offload import thinning_slot
+from ._slots import put_row_if, store
 
 i32 = jnp.int32
 
@@ -60,3 +68,50 @@ def store_slot(n, held, s: int):
         return jnp.where(ok, jnp.argmax(held == h[best_j + 1]).astype(i32), i32(-1))
 
     return lax.cond(jnp.any(empty), lambda _: first_empty, full, None)
+
+
+# The Online rule's decisions are read off a table for this many steps (at most), computed once
+# in Python; beyond it the loop evaluates the rule itself.
+DECISIONS = 1 << 13
+
+
+def _decisions(n_slots: int, max_steps):
+    """The placement table for the first ``min(max_steps, DECISIONS)`` steps (int32)."""
+    n = DECISIONS if max_steps is None else min(max_steps, DECISIONS)
+    return jnp.asarray(np.asarray(online_decisions(n_slots, max(n, 1)), np.int32))
+
+
+def online_phases(n_slots: int, max_steps):
+    """Where the ``Online`` rule stores ``u_n``, as phases ``[(place, stop), ...]``: the steps
+    ``n < stop`` (``None``: all the rest) take ``place(n, snap, slots, held)``. The first
+    ``m`` decisions are read off a table; steps beyond it (only in a loop that may run that
+    long) evaluate the rule. Each phase runs as its own loop, so a step of the first tests
+    nothing but its table entry."""
+    table = _decisions(n_slots, max_steps)
+    m = table.shape[0]
+
+    def from_table(n, snap, slots, held):
+        return store_at(n, lambda: table[jnp.minimum(n, m - 1)], snap, slots, held)
+
+    def by_rule(n, snap, slots, held):
+        return store_at(n, store_slot(n, held, n_slots), snap, slots, held)
+
+    if max_steps is None or max_steps > m:
+        return [(from_table, m), (by_rule, None)]
+    return [(from_table, None)]
+
+
+def store_at(n, k, snap, slots, held, off=None):
+    """``u_n`` in slot ``k`` (nothing if ``k < 0``) and ``n`` in ``held[k]``; with ``off``, in its
+    store. ``k`` may be a function computing the slot (see :func:`._slots.put_row_if`)."""
+    if off is not None:
+        held = jnp.where(k >= 0, held.at[jnp.maximum(k, 0)].set(n), held)
+        return store(slots, k, snap, off, n), held
+    row = k() if callable(k) else k
+    *slots, held = put_row_if(row >= 0, [*slots, held], [*snap, n], k)
+    return slots, held
+
+
+def place_thinned(n, snap, slots, held, off):
+    """Store ``u_n`` where ``Online(s, slow=...)``'s thinning rule puts it, in ``off``'s store."""
+    return store_at(n, thinning_slot(n, held), snap, slots, held, off)

@@ -19,9 +19,10 @@ from ._carry import (
     check_types, check_unroll, convert, leaf_array, leaf_paths, sds, step_cache, trace_carry,
     with_weak_types,
 )
+from ._fwd_p import forward_loop
+from ._primitives import LoopPlan
 from ._tables import check_offline
-from ._primitives import Extent, forward_loop
-from ._while import _while_loop
+from ._while import named_while_loop
 
 Carry = TypeVar("Carry")
 X = TypeVar("X")
@@ -132,7 +133,7 @@ def _scan(f, init, xs, length, reverse, unroll, schedule, names: Names):
     init_flat = convert(init_flat, step.dtypes)
     if reverse:
         xs_flat = [lax.rev(x, (0,)) for x in xs_flat]
-    outs = forward_loop(body, Extent(length, schedule, unroll), consts, init_flat, xs_flat)
+    outs = forward_loop(body, LoopPlan(length, schedule, unroll), consts, init_flat, xs_flat)
     outs = forward_unchanged(body, init_flat, outs)
     outs = with_weak_types(outs, step.out_avals)
     carry = tree_util.tree_unflatten(step.carry_tree, outs[: body.nk])
@@ -275,8 +276,8 @@ def fori_loop(
             "to use an offline schedule."
         )
     step = cached_wrapper(body_fun, _fori_while_step, "fori_loop while")
-    _, _, val = _while_loop(_fori_cond, step, (lower, upper, init_val), schedule, None, None, None,
-                            names)
+    _, _, val = named_while_loop(_fori_cond, step, (lower, upper, init_val), schedule, None, None,
+                                 None, names)
     return val
 
 

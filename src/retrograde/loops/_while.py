@@ -1,6 +1,6 @@
 """``retrograde.while_loop``: a reverse-differentiable ``jax.lax.while_loop``.
 
-The forward primitive ``wfwd_p`` runs the loop and, when a derivative needs them, places
+The forward primitive ``while_fwd_p`` runs the loop and, when a derivative needs them, places
 snapshots with the ``Online`` rule as the steps arrive (the count is unknown until the predicate
 fails). It returns the step count ``N``, and from then on the loop is a loop of ``N`` known steps:
 its tangent and adjoint are the same ``tan_p``/``adj_p`` primitives as for ``scan``, with ``N`` as
@@ -30,15 +30,16 @@ from jax._src.interpreters import partial_eval as pe
 from jax.extend.core import Primitive, jaxpr_as_fun
 
 from ..schedules import Online, Schedule, check_steps
-from . import _levels
+from . import _batch_levels
 from ._body import Body, cut, forward_unchanged, guarded, make_body
 from ._carry import (
     Names, aval_of, carry_label, check_structure, check_types, convert, leaf_array, leaf_paths, sds,
     step_cache, trace_carry, with_weak_types,
 )
-from ._execute import forward_while
+from ._forward_sweep import forward_while
 from ._offload import release_with, stored_effects, unread_snapshots_dce
-from ._primitives import Extent, _zero, apply_tangent, carry_fixpoint
+from ._primitives import LoopPlan, carry_fixpoint, zero
+from ._tan_p import apply_tangent
 
 T = TypeVar("T")
 
@@ -46,82 +47,82 @@ __all__ = ["while_loop"]
 
 DEFAULT_SNAPSHOTS = 16
 
-wfwd_p = Primitive("retrograde_while")
-wfwd_p.multiple_results = True
+while_fwd_p = Primitive("retrograde_while_forward")
+while_fwd_p.multiple_results = True
 
 
 def _eager(*args, **params):
-    """``wfwd_p`` run on its own: as ``_primitives._fwd_eager``, an offloaded store that no
+    """``while_fwd_p`` run on its own: as ``_fwd_p._fwd_eager``, an offloaded store that no
     reverse sweep reads is released with its handle."""
-    outs = dispatch.apply_primitive(wfwd_p, *args, **params)
-    if params["save"] and params["extent"].offload is not None:
+    outs = dispatch.apply_primitive(while_fwd_p, *args, **params)
+    if params["save"] and params["plan"].offload is not None:
         release_with(outs[params["body"].nk + 1])
     return outs
 
 
-wfwd_p.def_impl(_eager)
+while_fwd_p.def_impl(_eager)
 
 
-def _outs(body, extent, save):
+def _outs(body, plan, save):
     outs = list(body.carry_avals) + [core.ShapedArray((), jnp.int32)]
-    return outs + (extent.snapshot_avals(body) if save else [])
+    return outs + (plan.snapshot_avals(body) if save else [])
 
 
-def _abstract(*args, body, cond, extent, save, levels):
-    effs = body.effects | cond.effects | (stored_effects(extent.offload) if save else set())
-    return _levels.batched_avals(_outs(body, extent, save), levels), effs
+def _abstract(*args, body, cond, plan, save, batch_levels):
+    effs = body.effects | cond.effects | (stored_effects(plan.offload) if save else set())
+    return _batch_levels.batched_avals(_outs(body, plan, save), batch_levels), effs
 
 
-wfwd_p.def_effectful_abstract_eval(_abstract)
+while_fwd_p.def_effectful_abstract_eval(_abstract)
 
 
-def _lowered(*args, body, cond, extent, save, levels):
-    axes = _levels.names(levels)
+def _lowered(*args, body, cond, plan, save, batch_levels):
+    axes = _batch_levels.names(batch_levels)
 
     def run(*args):
         c, k = cut(args, [body.nc, body.nk])
-        carry, n, slots, held = forward_while(body, cond, extent.n_slots, extent.max_steps, c, k,
-                                              save, axes, extent.offload)
+        carry, n, slots, held = forward_while(body, cond, plan.n_slots, plan.max_steps, c, k,
+                                              save, axes, plan.offload)
         return [*carry, n, *slots, *([held] if save else [])]
 
-    return _levels.vmapped(run, levels)(*args)
+    return _batch_levels.vmapped(run, batch_levels)(*args)
 
 
-mlir.register_lowering(wfwd_p, mlir.lower_fun(_lowered, multiple_results=True))
+mlir.register_lowering(while_fwd_p, mlir.lower_fun(_lowered, multiple_results=True))
 
 
-def _jvp(primals, tangents, *, body, cond, extent, save, levels):
+def _jvp(primals, tangents, *, body, cond, plan, save, batch_levels):
     c, k = cut(primals, [body.nc, body.nk])
     dc, dk = cut(tangents, [body.nc, body.nk])
-    outs = wfwd_p.bind(*primals, body=body, cond=cond, extent=extent, save=True, levels=())
-    carry, (n,), snaps = cut(outs, [body.nk, 1, extent.n_snapshots(body)])
-    # As in ``_primitives._fwd_jvp``: at higher order the transpose re-lays its own snapshots.
-    tk, _ = apply_tangent(body, extent, (c, k, []), [] if save else snaps, (dc, dk, []),
+    outs = while_fwd_p.bind(*primals, body=body, cond=cond, plan=plan, save=True, batch_levels=())
+    carry, (n,), snaps = cut(outs, [body.nk, 1, plan.n_snapshots(body)])
+    # As in ``_fwd_p._fwd_jvp``: at higher order the transpose re-lays its own snapshots.
+    tk, _ = apply_tangent(body, plan, (c, k, []), [] if save else snaps, (dc, dk, []),
                           steps=[n])
     primal_out = [*carry, n] + (snaps if save else [])
-    tangent_out = [*tk, _zero(core.typeof(n))]
-    tangent_out += [_zero(core.typeof(v)) for v in snaps] if save else []
+    tangent_out = [*tk, zero(core.typeof(n))]
+    tangent_out += [zero(core.typeof(v)) for v in snaps] if save else []
     return primal_out, tangent_out
 
 
-ad.primitive_jvps[wfwd_p] = _levels.jvp_rule(_jvp)
+ad.primitive_jvps[while_fwd_p] = _batch_levels.jvp_rule(_jvp)
 
 
-def _out_axes(data, dims, *, body, cond, extent, save):
+def _out_axes(data, dims, *, body, cond, plan, save):
     """The guarded step makes every carry leaf batched when the predicate is; the step count
     and the held steps never are (the loop runs while any element goes on)."""
     dc, dk = cut(dims, [body.nc, body.nk])
     carry_b, _ = carry_fixpoint(body.jaxpr, data, [d is not None for d in dc],
                                 [d is not None for d in dk], [], body.nk)
     out = [0 if b else None for b in carry_b] + [None]
-    if save and extent.offload is not None:  # the store's handle, the tags, the held steps
+    if save and plan.offload is not None:  # the store's handle, the tags, the held steps
         out += [None] + [0 if b else None for b, st in zip(carry_b, body.stored) if st] + [None]
     elif save:
         out += [0 if b else None for b, st in zip(carry_b, body.stored) if st] + [None]
     return out
 
 
-_levels.batcher(wfwd_p, _out_axes)
+_batch_levels.batcher(while_fwd_p, _out_axes)
 
 
 def _dce(used_outputs, eqn):
@@ -130,7 +131,7 @@ def _dce(used_outputs, eqn):
                                 body.effects | eqn.params["cond"].effects)
 
 
-pe.dce_rules[wfwd_p] = _dce
+pe.dce_rules[while_fwd_p] = _dce
 
 
 def while_loop(
@@ -201,12 +202,12 @@ def while_loop(
     if not callable(cond_fun) or not callable(body_fun):
         raise TypeError("retrograde.while_loop: cond_fun and body_fun must be callable.")
     names = Names("retrograde.while_loop", "body_fun", "init_val", carry_label(body_fun, 0, "val"))
-    return _while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers,
-                       first_order_body_fun, names)
+    return named_while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers,
+                            first_order_body_fun, names)
 
 
-def _while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers, first_order_body_fun,
-                names: Names):
+def named_while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers,
+                     first_order_body_fun, names: Names):
     """:func:`while_loop`, with errors worded by ``names`` (``fori_loop`` runs it too)."""
     where = names.where
     if schedule is None:
@@ -239,8 +240,9 @@ def _while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers, firs
     )
     body, cond, consts = loop.body, loop.cond, loop.consts
     flat = convert(flat, loop.dtypes)
-    outs = wfwd_p.bind(*consts, *flat, body=body, cond=cond,
-                       extent=Extent(None, schedule, max_steps=max_steps), save=False, levels=())
+    outs = while_fwd_p.bind(*consts, *flat, body=body, cond=cond,
+                            plan=LoopPlan(None, schedule, max_steps=max_steps), save=False,
+                            batch_levels=())
     outs = forward_unchanged(body, flat, outs[: len(flat)])
     return tree_util.tree_unflatten(loop.tree, with_weak_types(outs, loop.out_avals))
 

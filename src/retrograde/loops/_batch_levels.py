@@ -1,9 +1,9 @@
 """Batching of the loop primitives: a batched primitive runs its unbatched program under
 ``jax.vmap``.
 
-The batching rule of a loop primitive does not rewrite its body: it appends a :class:`Level`
+The batching rule of a loop primitive does not rewrite its body: it appends a :class:`BatchLevel`
 (the vmap's size, axis name and the batch axis of every input and output) to the primitive's
-``levels`` parameter. The lowering applies the levels, innermost first, as ``jax.vmap`` of the
+``batch_levels`` parameter. The lowering applies the levels, innermost first, as ``jax.vmap`` of the
 unbatched program (:func:`vmapped`). JAX then batches only what depends on a batched input,
 through its own rules for the program's loops and conditionals: an unbatched closed-over weight
 stays unbatched and a matrix-vector product with it becomes one matrix-matrix product, carry
@@ -32,7 +32,7 @@ from ._body import Body
 
 
 @dataclasses.dataclass(frozen=True)
-class Level:
+class BatchLevel:
     """One ``jax.vmap`` of a primitive's program.
 
     Attributes:
@@ -62,26 +62,26 @@ class _Private:
         return f"retrograde_batch_{self.id}"
 
 
-def names(levels: Sequence[Level]) -> tuple:
+def names(batch_levels: Sequence[BatchLevel]) -> tuple:
     """The axis names of the levels: a reduction over them makes a value unbatched."""
-    return tuple(level.name for level in levels)
+    return tuple(level.name for level in batch_levels)
 
 
-def vmapped(fun: Callable, levels: Sequence[Level]) -> Callable:
+def vmapped(fun: Callable, batch_levels: Sequence[BatchLevel]) -> Callable:
     """``fun`` (a function of the primitive's inputs returning the list of its outputs) under
     every level, innermost first."""
-    for level in levels:
+    for level in batch_levels:
         fun = jax.vmap(fun, in_axes=level.in_axes, out_axes=list(level.out_axes),
                        axis_size=level.size, axis_name=level.name,
                        spmd_axis_name=level.spmd_name)
     return fun
 
 
-def batched_avals(avals, levels: Sequence[Level]) -> list:
+def batched_avals(avals, batch_levels: Sequence[BatchLevel]) -> list:
     """The abstract values of a primitive's outputs: the unbatched ones with every level's batch
     axis inserted."""
     avals = list(avals)
-    for level in levels:
+    for level in batch_levels:
         avals = [a if d is None else _with_axis(a, d, level.size)
                  for a, d in zip(avals, level.out_axes)]
     return avals
@@ -101,7 +101,7 @@ def _without_axis(aval, d):
     return aval.update(shape=tuple(shape))
 
 
-def axis_data(level: Level):
+def axis_data(level: BatchLevel):
     return batching.AxisData(level.name, level.size, level.spmd_name, None)
 
 
@@ -109,16 +109,16 @@ def batcher(prim, out_axes: Callable):
     """Register the batching rule of ``prim``: append a level. ``out_axes(axis_data, dims,
     **params)`` returns the batch axis (0 or ``None``) of each output."""
 
-    def rule(data, args, dims, *, levels, **params):
+    def rule(data, args, dims, *, batch_levels, **params):
         if all(d is None for d in dims) and not _names_axis(params, data.name):
             # nothing of this vmap reaches the primitive
-            outs = prim.bind(*args, levels=levels, **params)
+            outs = prim.bind(*args, batch_levels=batch_levels, **params)
             return outs, [None] * len(outs)
         name = data.name if data.name is not core.no_axis_name else _Private()
         data = batching.AxisData(name, data.size, data.spmd_name, None)
         outs = tuple(out_axes(data, dims, **params))
-        level = Level(data.size, name, data.spmd_name, tuple(dims), outs)
-        return prim.bind(*args, levels=(*levels, level), **params), list(outs)
+        level = BatchLevel(data.size, name, data.spmd_name, tuple(dims), outs)
+        return prim.bind(*args, batch_levels=(*batch_levels, level), **params), list(outs)
 
     batching.fancy_primitive_batchers[prim] = rule
 
@@ -152,13 +152,13 @@ def _placeholder():
 
 
 def jvp_rule(unbatched: Callable):
-    """The JVP rule of a primitive with ``levels``: ``vmap`` of ``unbatched(primals, tangents,
+    """The JVP rule of a primitive with ``batch_levels``: ``vmap`` of ``unbatched(primals, tangents,
     **params)`` (tangents may be ``ad.Zero``), peeling the outermost level."""
 
-    def rule(primals, tangents, *, levels, **params):
-        if not levels:
-            return unbatched(primals, tangents, levels=(), **params)
-        level, inner = levels[-1], levels[:-1]
+    def rule(primals, tangents, *, batch_levels, **params):
+        if not batch_levels:
+            return unbatched(primals, tangents, batch_levels=(), **params)
+        level, inner = batch_levels[-1], batch_levels[:-1]
         nz = [type(t) is not ad.Zero for t in tangents]
         out_nz: list[bool] = []
 
@@ -166,7 +166,7 @@ def jvp_rule(unbatched: Callable):
             it = iter(tangents_nz)
             ts = [next(it) if m else ad.Zero(core.typeof(p).to_tangent_aval())
                   for m, p in zip(nz, primals)]
-            po, to = rule(primals, ts, levels=inner, **params)
+            po, to = rule(primals, ts, batch_levels=inner, **params)
             out_nz[:] = [type(t) is not ad.Zero for t in to]
             return list(po), [_placeholder() if type(t) is ad.Zero else t for t in to]
 
@@ -184,14 +184,14 @@ def jvp_rule(unbatched: Callable):
 
 
 def transpose_rule(unbatched: Callable):
-    """The transpose rule of a primitive with ``levels``: ``vmap`` of ``unbatched(cts, *args,
+    """The transpose rule of a primitive with ``batch_levels``: ``vmap`` of ``unbatched(cts, *args,
     **params)``, peeling the outermost level; the cotangent of an output without a batch axis is
     shared out equally over the batch, and that of a linear input without one is summed."""
 
-    def rule(cts, *args, levels, **params):
-        if not levels:
-            return unbatched(cts, *args, levels=(), **params)
-        level, inner = levels[-1], levels[:-1]
+    def rule(cts, *args, batch_levels, **params):
+        if not batch_levels:
+            return unbatched(cts, *args, batch_levels=(), **params)
+        level, inner = batch_levels[-1], batch_levels[:-1]
         undef = [ad.is_undefined_primal(a) for a in args]
         in_avals = [_without_axis(a.aval, d) if u else None
                     for a, u, d in zip(args, undef, level.in_axes)]
@@ -206,7 +206,7 @@ def transpose_rule(unbatched: Callable):
             full = [ad.UndefinedPrimal(aval) if u else next(it_d)
                     for u, aval in zip(undef, in_avals)]
             cts_full = [next(it_c) if m else ad.Zero(aval) for m, aval in zip(ct_nz, out_avals)]
-            res = rule(cts_full, *full, levels=inner, **params)
+            res = rule(cts_full, *full, batch_levels=inner, **params)
             res = [r for r, u in zip(res, undef) if u]
             got[:] = [r is not None and type(r) is not ad.Zero for r in res]
             return [r if g else _placeholder() for r, g in zip(res, got)]

@@ -1,0 +1,192 @@
+"""The compiled forward sweeps: a loop of known length that stores the snapshots of an offline
+schedule (:func:`forward`), and a while loop that places them online (:func:`forward_while`).
+
+Traced inside a primitive's lowering (unbatched: a batched primitive runs these under
+``jax.vmap``, see :mod:`._batch_levels`), so only ``jax.lax`` is used. :func:`forward` runs
+``N`` plain evaluations; memory: the carry, the ``ys`` (``O(N)`` by nature) and, with tables,
+``S`` snapshots plus the state ``u_{N-1}``.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._body import Body
+from ._offload import Offload, tags_of
+from ._placement import online_phases, place_thinned
+from ._slots import any_over, put_row, put_row_if, row, zeros
+from ._tables import Tables
+
+i32 = jnp.int32
+
+
+def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = None, *,
+            ys: bool = True, slots=None, unroll=1, batched=False, off: Offload | None = None,
+            stored=None):
+    """Run all ``N = length`` steps. Returns ``(carry_N, ys, snaps)``: the stacked per-step
+    outputs (none unless ``ys``), and with ``tables`` the snapshots, ``S`` rows of each stored
+    carry leaf (written into ``slots`` if given) followed by the stored leaves of ``u_{N-1}``.
+    Snapshots of offloaded slots go to the store of ``off`` (required if the tables have some).
+    ``stored`` (a mask over the carry leaves) overrides which leaves are stored
+    (``body.stored``).
+
+    With ``m`` stores, ``m <= N / DENSE`` and ``unroll == 1``, the steps between two stores run
+    as a plain inner loop (one outer iteration per store), so a step costs what it costs
+    without snapshots. Otherwise each step tests whether its state is stored (a conditional):
+    with more stores, by reading its slot off a table of ``N - 1`` (the stores are ``O(N)``
+    already), which keeps the loop body within the thunk budget (docs/performance.md, "The XLA
+    CPU executor rule"); with every state stored (``StoreAll``), with no test."""
+    n = tables.length if tables is not None else length
+    step = body.runner(batched)
+    ys_buf = zeros(body.y_avals, (n,)) if ys else []
+    stored = body.stored if stored is None else stored
+
+    def snapshot(carry):
+        return [c for c, st in zip(carry, stored) if st]
+
+    if tables is not None and slots is None:
+        slots = zeros(snapshot(body.carry_avals), (tables.n_slots,))
+
+    def one(i, state):
+        carry, ys_buf = state
+        new, y = step(consts, carry, row(xs, i))
+        return new, put_row(ys_buf, y, i) if ys else ys_buf
+
+    if n == 0:  # nothing to trace (a step would index an empty xs)
+        return list(carry), ys_buf, ([*slots, *snapshot(carry)] if tables else [])
+    if tables is None:
+        carry, ys_buf = lax.fori_loop(0, n, one, (list(carry), ys_buf), unroll=unroll)
+        return carry, ys_buf, []
+
+    def keep(k, i, carry, slots, hit=None):
+        """``slots`` with ``u_i`` (``carry``) in slot ``k`` if ``hit`` (``None``: always, with no
+        test); an offloaded slot's snapshot goes to its store."""
+        snap = snapshot(carry)
+        if off is not None:
+            k = off.keep(k, snap, i, True if hit is None else hit)
+            hit = (k >= 0) if hit is None else hit & (k >= 0)
+        return put_row(slots, snap, k) if hit is None else put_row_if(hit, slots, snap, k)
+
+    at_steps = np.asarray(tables.store_steps, np.int32)
+    at_slots = np.asarray(tables.store_slots, np.int32)
+    m = len(at_steps)
+    state = (list(carry), ys_buf)
+    nested = unroll == 1 and m * DENSE <= n
+    if nested:
+        steps, where = jnp.asarray(at_steps), jnp.asarray(at_slots)
+
+        def segment(q, st):  # advance to the q-th store point and store there
+            state, slots = st
+            p = steps[q]
+            state = lax.fori_loop(jnp.where(q > 0, steps[jnp.maximum(q - 1, 0)], 0), p, one,
+                                  state)
+            return state, keep(where[q], p, state[0], slots)
+
+        if m:
+            state, slots = lax.fori_loop(0, m, segment, (state, list(slots)))
+        start = int(at_steps[-1]) if m else 0
+        state = lax.fori_loop(start, n - 1, one, state)
+    elif m * DENSE <= n:  # few stores, unrolled steps: a pointer to the next store point
+        steps = jnp.asarray(np.append(at_steps, n).astype(np.int32))
+        where = jnp.asarray(np.append(at_slots, 0).astype(np.int32))
+
+        def advance(i, st):  # store u_i if it is a store point, then step
+            state, slots, ptr = st
+            hit = steps[ptr] == i
+            slots = keep(where[ptr], i, state[0], slots, hit)
+            return one(i, state), slots, ptr + hit.astype(i32)
+
+        # The last step is taken apart: its state u_{N-1} is the reverse sweep's first.
+        state, slots, _ = lax.fori_loop(0, n - 1, advance, (state, list(slots), i32(0)),
+                                        unroll=unroll)
+    elif n > 1:  # many stores: each step's slot (-1: none) read off a table of N - 1
+        slot_of = np.full(n - 1, -1, np.int32)
+        below = at_steps < n - 1
+        slot_of[at_steps[below]] = at_slots[below]
+        every = bool((slot_of >= 0).all())  # StoreAll: no test per step
+        where = jnp.asarray(slot_of)
+
+        def advance(i, st):
+            state, slots = st
+            k = where[i]
+            return one(i, state), keep(k, i, state[0], slots, None if every else k >= 0)
+
+        state, slots = lax.fori_loop(0, n - 1, advance, (state, list(slots)), unroll=unroll)
+    if not nested and m and int(at_steps[-1]) == n - 1:  # u_{N-1} is stored as well
+        slots = keep(jnp.asarray(at_slots[-1]), n - 1, state[0], slots)
+    last = snapshot(state[0])
+    carry, ys_buf = one(n - 1, state)
+    return carry, ys_buf, [*slots, *last]
+
+
+# A forward sweep with at most one store per DENSE steps runs its steps between stores as inner
+# loops (see :func:`forward`).
+DENSE = 4
+
+
+def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry, save: bool,
+                  axes=(), layout=None):
+    """Run ``while cond(carry) and n < max_steps: carry = body(carry)``; with ``save``, place
+    snapshots by the ``Online`` rule as steps arrive. Returns ``(carry_N, N, slots, held)``:
+    ``S`` rows of each stored carry leaf and int32[S] held steps (``-1`` empty). Under ``vmap``
+    (``axes``) the loop runs while any element goes on. With a two-level ``layout``
+    (``Online(s, slow=...)``) the snapshots go to the offloaded slots of a new store: ``slots`` is
+    then its handle and the tags of the stored leaves (:func:`._offload.tags_of`), and ``held``
+    has one entry per offloaded slot."""
+    held = jnp.full((n_slots if layout is None else layout.n_offloaded,), -1, i32)
+    slots = zeros(body.snapshot_avals, (n_slots,)) if save and layout is None else []
+    limit = jnp.iinfo(jnp.int32).max if max_steps is None else max_steps
+    step = body.runner(bool(axes))
+
+    def go(n, carry):
+        _, (ok,) = cond.runner(False)(consts, [], carry)
+        return any_over(ok, axes) & (n < limit)
+
+    def run(phases, state):
+        """Run the loop from ``state``, in phases ``[(place, stop), ...]``: the steps ``n <
+        stop`` (``None``: the rest) store by ``place`` (``None``: nothing), each phase its own
+        loop. The predicate is evaluated in the loops' conditions, which only read the state
+        (evaluated in the body and carried, it made XLA copy the counter and the state every
+        step, docs/performance.md). A later phase's loop evaluates it only from the step where
+        the phase begins, in a conditional: once per state, but twice on the state where a loop
+        that reaches the next phase hands over to it."""
+
+        def one(place):
+            def one(state):
+                n, carry, slots, held = state
+                if place is not None:
+                    slots, held = place(n, body.snapshot(carry), slots, held)
+                carry, _ = step(consts, carry, [])
+                return n + 1, carry, slots, held
+
+            return one
+
+        start = None  # the first step of the phase, None for the first phase
+        for place, stop in phases:
+            def more(s, start=start, stop=stop):
+                ok = go(s[0], s[1]) if start is None else lax.cond(
+                    s[0] >= start, go, lambda *_: jnp.bool_(False), s[0], s[1])
+                return ok if stop is None else ok & (s[0] < stop)
+
+            state = lax.while_loop(more, one(place), state)
+            start = stop
+        return state
+
+    state = (i32(0), list(carry), slots, held)
+    if not save:
+        n, carry, _, _ = run([(None, None)], state)
+        return carry, n, [], held
+    if layout is not None:  # Online(s, slow=...): thinning on the offloaded slots
+        off = Offload.open(layout, n_device=0)
+        n, carry, _, held = run([(lambda *a: place_thinned(*a, off=off), None)], state)
+        return carry, n, [off.handle, *tags_of(body.snapshot(carry))], held
+    n, carry, slots, held = run(online_phases(n_slots, max_steps), state)
+    return carry, n, slots, held
+
+
+def advance_steps(body: Body, consts, carry, n_steps, batched=False):
+    """``n_steps`` plain steps of a body without per-step inputs (traced count)."""
+    step = body.runner(batched)
+    return lax.fori_loop(0, n_steps, lambda i, c: step(consts, c, [])[0], list(carry))

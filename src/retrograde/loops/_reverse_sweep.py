@@ -1,0 +1,358 @@
+"""The compiled reverse sweep: the one executor of macro-actions, and the adjoints built on it.
+
+Traced inside a primitive's lowering (unbatched: a batched primitive runs these under
+``jax.vmap``, see :mod:`._batch_levels`), so only ``jax.lax`` is used. Costs, for a loop of ``N``
+steps and a schedule with ``t`` plain evaluations and ``S`` slots, of :func:`adjoint`: from saved
+snapshots ``t - (N - 1)`` plain and ``N`` recorded evaluations, otherwise ``t`` plain and ``N``
+recorded; memory: ``S`` snapshots, the carry and its cotangent, one step's VJP working set, and
+the cotangents of ``xs`` (``O(N)``, only if wanted).
+
+:func:`reverse` executes a stream of macro-actions (:mod:`._machine`) from a source
+(:class:`._sources.MacroActionSource`): moves (restore, advance, store) and leaves. A leaf runs
+as two plain loops, its forward part storing every state and its records reading them back, so
+most steps cost what they cost in ``jax.lax.scan``'s reverse pass; the stream comes from the
+in-graph binomial machine (``O(S)`` state) or, for schedules without a binomial reversal, from a
+table of rows.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from . import _machine as machine
+from ._body import Body, is_float
+from ._forward_sweep import forward
+from ._offload import Offload, Segments, tags_of
+from ._placement import online_phases, place_thinned
+from ._slots import any_over, load, put_row, row, store, zeros_after
+from ._sources import BinomialSource, MacroActionSource, source_for
+from ._tables import Tables
+from ._xla_cpu import once, once_returning
+
+i32 = jnp.int32
+
+
+def confined(seeds, sweep, zero, axes):
+    """Run ``sweep()`` inside a conditional on "some seed is nonzero", else return ``zero()``.
+
+    A reverse sweep that lays its own snapshots allocates its slots inside the conditional's
+    branch, so XLA keeps them alive only while that sweep runs. Without it, the slots of
+    independent sweeps (as in higher derivatives) are all allocated up front and live at once.
+    Skipping a sweep whose cotangent seeds are all zero is exact: the adjoint is linear in them.
+    Under ``vmap`` the predicate is or-ed over the batch, so it stays a conditional.
+    """
+    live = [jnp.any(s != 0) for s in seeds if s.size]
+    if not live:
+        return zero()
+    pred = live[0]
+    for p in live[1:]:
+        pred = pred | p
+    return lax.cond(any_over(pred, axes), sweep, zero)
+
+
+def _differentiated(body, keep):
+    """Which consts and xs leaves get cotangents: ``(fc, fx)``, the float leaves selected by
+    ``keep`` (a ``WrtMasks``: masks over the float leaves; ``None`` selects them all)."""
+
+    def masked(avals, mask):
+        fl = [is_float(a) for a in avals]
+        if mask is None:
+            return fl
+        it = iter(mask)
+        return [f and next(it) for f in fl]
+
+    cmask, xmask = (keep.consts, keep.xs) if keep is not None else (None, None)
+    return masked(body.const_avals, cmask), masked(body.x_avals, xmask)
+
+
+class StepRunner:
+    """The step, on the snapshot leaves of the state, and its VJP, for one reverse sweep.
+
+    ``cur`` holds the carry leaves that snapshots hold; write-only buffer leaves (``body.stored``
+    False) are fed to the step as fixed zeros, since nothing the step computes depends on them, so
+    recomputation never carries (or writes) them. ``off``: the sweep's offloaded slots, if any.
+    """
+
+    off: Offload | None = None
+
+    def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep, batched):
+        self.body, self.consts, self.xs = body, consts, xs
+        self.run = body.runner(batched)
+        self.fc, self.fx = _differentiated(body, keep)
+        self.fk = [is_float(a) for a in body.carry_avals]
+        # Float carry leaves held constant (their cotangents come out zero).
+        self.held_k = ([False] * sum(self.fk) if keep is None
+                       else [not k for k in keep.carry])
+        self.fy = [is_float(a) for a in body.y_avals]
+        self.y_avals_f = [a for a, f in zip(body.y_avals, self.fy) if f]
+        ybar_of = iter(ys_bar)
+        self.ybar_full = [next(ybar_of) if m else None for m in ymask]
+        self.filler = [
+            None if keep_ else jnp.zeros(a.shape, a.dtype)
+            for a, keep_ in zip(body.carry_avals, body.stored)
+        ]
+
+    def full(self, cur):
+        """The step's carry from the snapshot leaves ``cur``."""
+        return self.body.restore(self.filler, cur)
+
+    def step(self, cur, i):
+        return self.body.snapshot(self.run(self.consts, self.full(cur), row(self.xs, i))[0])
+
+    def advance(self, cur, a, b):
+        return lax.fori_loop(a, b, lambda i, c: self.step(c, i), list(cur))
+
+    def record(self, i, cur, kbar, cbar, xbar):
+        """The VJP of step ``i`` at ``cur``: the new carry cotangent, the accumulated consts
+        cotangent and the ``xs`` cotangents with step ``i``'s row written."""
+        consts, fc, fk, fx, fy = self.consts, self.fc, self.fk, self.fx, self.fy
+        x = row(self.xs, i)
+        full = self.full(cur)
+        ybar_i = [
+            lax.dynamic_index_in_dim(yb, i, 0, keepdims=False) if yb is not None
+            else jnp.zeros(a.shape, a.dtype)
+            for yb, a in zip(self.ybar_full, self.y_avals_f)
+        ]
+
+        def merge(float_vals, all_vals, flags):
+            it = iter(float_vals)
+            return [next(it) if f else v for v, f in zip(all_vals, flags)]
+
+        def f(c_f, k_f, x_f):
+            k_f = [lax.stop_gradient(v) if held else v for v, held in zip(k_f, self.held_k)]
+            k_new, y = self.run(merge(c_f, consts, fc), merge(k_f, full, fk), merge(x_f, x, fx))
+            return (
+                [v for v, f in zip(k_new, fk) if f],
+                [v for v, f in zip(y, fy) if f],
+            )
+
+        c_f = [c for c, f in zip(consts, fc) if f]
+        k_f = [c for c, f in zip(full, fk) if f]
+        x_f = [v for v, f in zip(x, fx) if f]
+        _, pullback = jax.vjp(f, c_f, k_f, x_f)
+        dc, dk, dx = pullback((list(kbar), ybar_i))
+        xbar = put_row(xbar, dx, i) if xbar else xbar
+        return list(dk), [a + b for a, b in zip(cbar, dc)], xbar
+
+    # The macro-actions.
+
+    def move(self, act, cur, slots):
+        """Restore, advance, store (each only if the action asks)."""
+        cur = load(slots, act.restore, cur, self.off, act.start)
+        cur = self.advance(cur, act.start, act.stop)
+        return cur, store(slots, act.store, cur, self.off, act.stop)
+
+    def leaf_forward(self, act, idx, cur, slots):
+        """A leaf's forward part: store every state from ``first`` on and advance to the last."""
+        cur = load(slots, act.restore, cur)
+
+        def one(i, cs):
+            cur, slots = cs
+            slots = put_row(slots, cur, idx[i - act.start])
+            return self.step(cur, i), slots
+
+        return lax.fori_loop(act.first, act.stop - 1, one, (cur, slots))
+
+    def pairs_forward(self, act, idx, cur, slots):
+        """A ``PAIRS`` leaf's forward part (nothing for other actions): for each two-step
+        segment ``[a, a + 2)``, lowest first, advance from ``u_a`` (in its slot) and store
+        ``u_{a+1}``, the last at hand. Each store happens a trip later, as a select (a no-op on
+        the first trip): no conditional in the loop body."""
+
+        def one(p, cs):
+            cur, slots = cs
+            slots = store(slots, jnp.where(p > 0, idx[2 * p - 1], -1), cur)
+            a = act.start + 2 * p
+            return self.step(row(slots, idx[2 * p]), a), slots
+
+        w = jnp.where(act.kind == machine.PAIRS, (act.stop - act.start) // 2, 0)
+        return lax.fori_loop(0, w, one, (cur, slots))
+
+    def leaf_records(self, act, idx, cur, slots, kbar, cbar, xbar):
+        """A leaf's records, last step first: the last from the state at hand (or its slot, if
+        the leaf's last state is held), the others each straight from its slot (no state carried
+        from record to record)."""
+        last = act.stop - 1
+        cur = load(slots, jnp.where(act.fresh != 0, -1, idx[last - act.start]), cur)
+        state = self.record(last, cur, kbar, cbar, xbar)
+
+        def one(j, state):
+            k = last - 1 - j
+            return self.record(k, row(slots, idx[k - act.start]), *state)
+
+        return lax.fori_loop(0, last - act.start, one, state)
+
+
+def reverse(steps: StepRunner, source: MacroActionSource, cur, slots, kbar, cbar, xbar):
+    """Execute the macro-actions of ``source`` from the state ``cur`` and snapshot rows
+    ``slots``. One iteration per leaf: the moves before it (the cotangents are not operands),
+    then the leaf, whose records run unconditionally (a conditional's untaken branch would copy
+    the cotangents). The pending action travels packed in one int32[7] (its fields as loop
+    state would be seven scalars, each copied per iteration)."""
+
+    def next_action(m):
+        m, act = source.step(m)
+        return m, machine.vector(act)
+
+    def moving(c):
+        return c[1][0] == machine.MOVE
+
+    def move(c):
+        m, act, cur, slots = c
+        cur, slots = once(act[0] == machine.MOVE,
+                          lambda cs: steps.move(machine.Action(*act), *cs), (cur, slots))
+        return (*next_action(m), cur, slots)
+
+    def control(m):
+        """The leaf's slots and the next action."""
+        idx = source.leaf_slots(m)
+        m, nxt = next_action(m)
+        return m, idx, nxt
+
+    def one_leaf(c):
+        m, act, cur, slots, kbar, cbar, xbar = c
+        m, act, cur, slots = lax.while_loop(moving, move, (m, act, cur, slots))
+        if source.control_apart:
+            m, idx, nxt = once_returning(act[0] != machine.DONE, control, m)
+        else:
+            m, idx, nxt = control(m)
+        act = machine.Action(*act)
+        cur, slots = steps.leaf_forward(act, idx, cur, slots)
+        if source.with_pairs:
+            cur, slots = steps.pairs_forward(act, idx, cur, slots)
+        kbar, cbar, xbar = steps.leaf_records(act, idx, cur, slots, kbar, cbar, xbar)
+        return (m, nxt, cur, slots, kbar, cbar, xbar)
+
+    if source.first is None:
+        m, act = next_action(source.state)
+    else:  # emitted with the source's initial state
+        m, act = source.state, source.first
+    state = (m, act, list(cur), list(slots), list(kbar), cbar, xbar)
+    state = lax.while_loop(lambda c: c[1][0] != machine.DONE, one_leaf, state)
+    return state[4], state[5], state[6]
+
+
+def _cotangent_init(body, consts, xs, keep=None):
+    fc, fx = _differentiated(body, keep)
+    consts_bar = [jnp.zeros_like(c) for c, f in zip(consts, fc) if f]
+    xs_bar = [jnp.zeros_like(x) for x, f in zip(xs, fx) if f]
+    return consts_bar, xs_bar
+
+
+def adjoint(body: Body, tables: Tables, consts, carry0, xs, snaps, carry_bar, ys_bar, ymask,
+            keep=None, axes=()):
+    """Execute the schedule's reverse sweep from the forward sweep's snapshots ``snaps`` (as
+    :func:`._forward_sweep.forward` returns them), or, with ``snaps is None``, its forward sweep
+    first; return the cotangents of the float leaves of consts, carry_0 and xs.
+
+    ``carry_bar`` holds one cotangent per float carry leaf; ``ys_bar`` one per float ``y`` leaf
+    whose ``ymask`` entry is True (the others are zero and never materialised). ``keep`` (a
+    ``WrtMasks``) selects the float leaves whose cotangents are wanted (``None``: all); the others
+    are held constant, so their cotangents cost neither time nor memory. ``axes``:
+    the names of the ``vmap`` axes this runs under (see :func:`confined`).
+    """
+    consts_bar, xs_bar = _cotangent_init(body, consts, xs, keep)
+    if tables.length == 0:
+        return consts_bar, list(carry_bar), xs_bar
+    steps = StepRunner(body, consts, xs, ys_bar, ymask, keep, bool(axes))
+    ns = sum(body.stored)
+
+    def sweep(snaps, off=None):
+        steps.off = off
+        if off is not None:  # the stored snapshots are batched as u_{N-1} is
+            off.tags = tags_of(snaps[ns:])
+        kbar, cbar, xbar = reverse(steps, source_for(tables), snaps[ns:], snaps[:ns], carry_bar,
+                                   consts_bar, xs_bar)
+        if off is not None:  # the last read of the store: release it
+            off.close()
+        return cbar, kbar, xbar
+
+    if snaps is not None:
+        snaps = list(snaps)
+        if tables.offload is None:
+            return sweep(snaps)
+        return sweep(snaps[:-1], Offload(tables.offload, snaps[-1]))
+
+    def own():
+        rows = zeros_after(body.snapshot_avals, (tables.n_slots,), [*carry_bar, *carry0])
+        off = Offload.open(tables.offload) if tables.offload is not None else None
+        _, _, own_snaps = forward(body, tables.length, consts, carry0, xs, tables, ys=False,
+                                  slots=rows, batched=bool(axes), off=off)
+        return sweep(own_snaps, off)
+
+    def zero():
+        return consts_bar, [jnp.zeros_like(k) for k in carry_bar], xs_bar
+
+    return confined([*carry_bar, *ys_bar], own, zero, axes)
+
+
+def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, ck, carry_bar,
+                  keep=None, axes=(), layout=None):
+    """Reverse ``n_steps`` steps of a body without per-step inputs or outputs.
+
+    From ``ck = (slots, held)`` (the forward sweep's snapshots) or, with ``ck is None``, after
+    replaying the forward sweep's placement. The segments between held snapshots are reversed by
+    the in-graph binomial machine. Returns cotangents of float consts and carry leaves.
+
+    With a two-level ``layout`` (``Online(n_slots, slow=...)``) the held snapshots are in a store
+    (``ck = ([handle, *tags], held)``): each segment's start is restored from it into one of the
+    ``n_slots`` device slots, which reverse the segment (:class:`._offload.Segments`).
+    """
+    consts_bar, _ = _cotangent_init(body, consts, [], keep)
+    steps = StepRunner(body, consts, [], [], (), keep, bool(axes))
+
+    def sweep_offloaded(handle, held, tags):
+        steps.off = Offload(layout, handle, tags)
+        rows = zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0])
+        kbar, cbar, _ = reverse(steps, Segments(n_slots, held, n_steps), body.snapshot(carry0),
+                                rows, carry_bar, consts_bar, [])
+        steps.off.close()  # the last read of the store: release it
+        return cbar, kbar
+
+    def sweep(slots, held):
+        def ascending():
+            order = machine.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held))
+            return held[order], order, jnp.sum(held >= 0, dtype=i32)
+
+        source = BinomialSource(n_slots, ascending, n_steps, at_hand=False, with_pairs=True)
+        kbar, cbar, _ = reverse(steps, source, body.snapshot(carry0), slots, carry_bar,
+                                consts_bar, [])
+        return cbar, kbar
+
+    if ck is not None:
+        if layout is not None:
+            return sweep_offloaded(ck[0][0], ck[1], ck[0][1:])
+        return sweep(list(ck[0]), ck[1])
+
+    def replay(place):
+        def one(n, state):
+            cur, slots, held = state
+            slots, held = place(n, cur, slots, held)
+            return steps.step(cur, n), slots, held
+
+        return one
+
+    def own_offloaded():
+        off = Offload.open(layout, n_device=0)
+        state = (body.snapshot(carry0), [], jnp.full((layout.n_offloaded,), -1, i32))
+        state = lax.fori_loop(0, n_steps, replay(
+            lambda *a: place_thinned(*a, off=off)), state)
+        return sweep_offloaded(off.handle, state[2], tags_of(state[0]))
+
+    def own():
+        state = (body.snapshot(carry0),
+                 zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
+                 jnp.full((n_slots,), -1, i32))
+        start = 0
+        for place, stop in online_phases(n_slots, max_steps):
+            end = n_steps if stop is None else jnp.minimum(n_steps, stop)
+            state = lax.fori_loop(start, end, replay(place), state)
+            start = end
+        return sweep(state[1], state[2])
+
+    def zero():
+        return consts_bar, [jnp.zeros_like(k) for k in carry_bar]
+
+    return confined(list(carry_bar), own if layout is None else own_offloaded, zero, axes)

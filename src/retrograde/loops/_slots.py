@@ -1,0 +1,80 @@
+"""Rows of buffers in a compiled sweep: per-step rows (``xs``, ``ys``) and snapshot slots.
+
+Shared by the forward sweeps (:mod:`._forward_sweep`), the ``Online`` placement
+(:mod:`._placement`) and the reverse sweep (:mod:`._reverse_sweep`). Everything is traced
+unbatched and uses only ``jax.lax``.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from ._offload import Offload
+
+i32 = jnp.int32
+
+
+def row(xs, n):
+    """Row ``n`` of each buffer."""
+    return [lax.dynamic_index_in_dim(x, n, 0, keepdims=False) for x in xs]
+
+
+def put_row(buffers, values, n):
+    """``buffers`` with ``values`` in row ``n`` (in place)."""
+    return [lax.dynamic_update_index_in_dim(b, v, n, 0) for b, v in zip(buffers, values)]
+
+
+def load(slots, k, cur, off: Offload | None = None, step=None):
+    """The state in slot ``k``, or ``cur`` if ``k < 0`` (a select, not a conditional: a
+    conditional that passes a loop's state through copies it). With ``off``, slots from
+    ``off.n_device`` on are offloaded: their state (``u_step``) is fetched from its store."""
+    if off is not None:
+        k, cur = off.fetch(k, cur, step)
+    got = row(slots, jnp.maximum(k, 0))
+    return [jnp.where(k >= 0, g, c) for g, c in zip(got, cur)]
+
+
+def store(slots, k, values, off: Offload | None = None, step=None):
+    """``slots`` with ``values`` in slot ``k`` (unchanged if ``k < 0``), in place. With ``off``,
+    an offloaded slot's state (``u_step``) goes to its store instead."""
+    if off is not None:
+        k = off.keep(k, values, step)
+    j = jnp.maximum(k, 0)
+    old = row(slots, j)
+    return put_row(slots, [jnp.where(k >= 0, v, o) for v, o in zip(values, old)], j)
+
+
+def put_row_if(pred, buffers, values, k):
+    """``buffers`` with ``values`` in row ``k`` if ``pred``, as a conditional: in a step's loop
+    body that is one thunk, where a select (as in :func:`store`) adds a read of the row, which
+    can take the body over the thunk budget (docs/performance.md, "The XLA CPU executor rule").
+    Done in place. ``k`` may be a function computing the row inside the branch (then the body
+    computes only ``pred``, one kernel fewer per step)."""
+    return lax.cond(pred, lambda b: put_row(b, values, k() if callable(k) else k),
+                    lambda b: list(b), list(buffers))
+
+
+def zeros(avals, lead=()):
+    return [jnp.zeros(lead + tuple(a.shape), a.dtype) for a in avals]
+
+
+def any_over(pred, axes):
+    """``pred`` or-ed over the batch axes ``axes`` (vmap axis names): one unbatched bool."""
+    if not axes:
+        return pred
+    return lax.psum(pred.astype(i32), axes) > 0
+
+
+def zeros_after(avals, lead, deps):
+    """Zeros that XLA cannot allocate before ``deps`` exist (see
+    :func:`._reverse_sweep.confined`).
+
+    The zeros are tied to one element of every dependency: a single one may be a constant (a
+    symbolic zero cotangent made concrete), which XLA folds.
+    """
+    leaves = [d for d in deps if d.size]
+    if not leaves:
+        return zeros(avals, lead)
+    dep = sum(jnp.real(d.ravel()[0]).astype(jnp.float32) for d in leaves) * 0
+    return [jnp.broadcast_to(dep.astype(a.dtype), lead + tuple(a.shape)) for a in avals]

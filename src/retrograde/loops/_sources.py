@@ -1,0 +1,129 @@
+"""Sources of macro-actions (:mod:`._machine`) for the reverse executor
+(:func:`._reverse_sweep.reverse`).
+
+A source is a state (a pytree of int32 arrays, carried by the executor's loop) and two traced
+functions of it; :class:`MacroActionSource` declares what the executor reads. There are three:
+
+- :class:`BinomialSource`: the in-graph binomial machine, from held snapshots (``O(S)`` state);
+- :class:`RowSource`: a table of rows, the machine's own written when tracing or translated from
+  a schedule's actions (``MultiLevel``);
+- :class:`._offload.Segments`: the machine segment by segment between offloaded snapshots
+  (``Online(s, slow=...)``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from . import _machine as machine
+from ._tables import Tables
+from ._xla_cpu import branch
+
+i32 = jnp.int32
+
+
+class MacroActionSource(Protocol):
+    """What the reverse executor reads of a source of macro-actions.
+
+    Attributes:
+        state: the initial state (a pytree of arrays).
+        first: the first action (an int32[7], :func:`._machine.vector`) if it is emitted with
+            the initial state, else ``None`` (the executor reads it with :meth:`step`).
+        with_pairs: whether ``PAIRS`` leaves may come (static).
+        control_apart: whether a leaf's control (:meth:`leaf_slots` and the next :meth:`step`)
+            runs in a one-trip loop of its own (:func:`._xla_cpu.once`): for a source whose
+            step is many small kernels, which then run in order (docs/performance.md, "The XLA
+            CPU executor rule").
+    """
+
+    state: Any
+    first: jax.Array | None
+    with_pairs: bool
+    control_apart: bool
+
+    def step(self, state) -> tuple[Any, machine.Action]:
+        """The next state and the next action."""
+        ...
+
+    def leaf_slots(self, state) -> jax.Array:
+        """int32[S + 1]: the slot of each state of the leaf just emitted (:mod:`._machine`)."""
+        ...
+
+
+class BinomialSource:
+    """Macro-actions from the in-graph binomial machine; ``with_pairs``: also ``PAIRS``
+    leaves (:mod:`._machine`)."""
+
+    # The machine's step is many small kernels over buffers within SMALL_BUFFER_BYTES (up to
+    # MAX_SMALL_SLOTS slots, :mod:`._xla_cpu`), which run in order in a loop of their own; among
+    # the leaf's loops they would run on the concurrent executor.
+    control_apart = True
+
+    def __init__(self, n_slots, held, n_steps, at_hand, with_pairs=False):
+        """``held()``: the held snapshots ``(steps, slots, count)`` as :func:`._machine.init`
+        takes them. It is traced, with the machine's initial state and first action, in a
+        conditional's branch of its own (:func:`._xla_cpu.branch`), so that their many small
+        kernels run in order there."""
+        self.with_pairs = with_pairs
+
+        def init(n):
+            st, act = self.step(machine.init(n_slots, *held(), n, at_hand))
+            return n, st, machine.vector(act)
+
+        _, self.state, self.first = branch(n_steps >= 0, init, jnp.asarray(n_steps, i32))
+
+    def step(self, st):
+        return machine.step(st, self.with_pairs)
+
+    def leaf_slots(self, st):
+        return machine.leaf_slots(st, self.with_pairs)
+
+
+class RowSource:
+    """Macro-actions read off a table of rows: the machine's own (with where its leaves keep
+    their states, see :class:`._tables.Tables`), or translated from a schedule's actions (each
+    leaf records one step, at hand)."""
+
+    with_pairs = False  # no PAIRS leaves
+    control_apart = False  # a row read is one kernel
+    first = None  # the first action is read as the others are
+
+    def __init__(self, tables: Tables):
+        self.rows = jnp.asarray(tables.rows, i32)
+        self.n_slots = tables.n_slots
+        self.order = self.leaves = None
+        if tables.leaves is not None:
+            self.order = jnp.asarray(tables.free_order, i32)
+            self.leaves = jnp.asarray(tables.leaves, i32)
+        self.state = i32(0)
+
+    def step(self, ptr):
+        done = jnp.asarray([machine.DONE, -1, 0, 0, 0, -1, 0], i32)
+        if self.rows.shape[0] == 0:
+            return ptr, machine.Action(*done)
+        row = lax.dynamic_index_in_dim(self.rows, jnp.minimum(ptr, self.rows.shape[0] - 1), 0,
+                                       keepdims=False)
+        return ptr + 1, machine.Action(*jnp.where(ptr < self.rows.shape[0], row, done))
+
+    def leaf_slots(self, ptr):
+        """int32[S + 1]: the slot of each state of the leaf in row ``ptr - 1``."""
+        i = jnp.arange(self.n_slots + 1, dtype=i32)
+        if self.leaves is None:
+            return jnp.zeros_like(i)
+        own, f = self.leaves[jnp.clip(ptr - 1, 0, self.leaves.shape[0] - 1)]
+        top = self.order.shape[0] - 1
+        return jnp.where(own < 0, self.order[jnp.clip(i, 0, top)],
+                         jnp.where(i == 0, own, self.order[jnp.clip(f - i, 0, top)]))
+
+
+def source_for(tables: Tables) -> MacroActionSource:
+    """The source of an offline schedule's reversal for a known step count."""
+    if tables.rows is not None:
+        return RowSource(tables)
+    steps, slots, count = tables.held
+    return BinomialSource(tables.n_slots, lambda: (jnp.asarray(steps), jnp.asarray(slots), count),
+                          tables.length, at_hand=True)
