@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ["scan_basics.py", "while_loop.py", "higher_order.py", "planner.py"]
+EXAMPLES = ["scan_basics.py", "while_loop.py", "higher_order.py", "planner.py", "pyadjoint_heat.py"]
 TIMEOUT_S = 300
 
 

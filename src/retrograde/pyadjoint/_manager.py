@@ -20,7 +20,9 @@ rest of the schedule from those snapshots: ``evaluate_adj`` (``Record(n)``: reco
 recompute with tangents, then adjoint and second-order adjoint per block). A reverse part
 releases each snapshot when the schedule frees it, so memory is the schedule's; a derivative
 taken again without re-evaluating first runs a new first sweep at the same controls. Every action
-is first executed by a :class:`~retrograde.schedules.Simulator`, so the counts are those of
+is executed by a :class:`~retrograde.schedules.Simulator` before it runs: the taping sweep's and
+its reverse part's one by one, those of every later sweep once, when the taping ends (a
+:class:`_Plan` for the count taped, replayed by each sweep). So the counts are those of
 :func:`~retrograde.schedules.simulate`: a first sweep costs ``N`` step evaluations, a reverse
 part ``plain - (N - 1)`` plain and ``N`` recorded ones (offline schedules; an online one's
 ``plain - N`` and ``N``).
@@ -41,12 +43,14 @@ import copy
 import itertools
 import dataclasses
 from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 from pyadjoint.tape import stop_annotating
 
 from ..schedules import (
     Advance, End, Executor, Free, Online, OfflineSchedule, OnlineSchedule, RecomputeAll, Record,
     Restore, Revolve, Schedule, ScheduleError, Simulator, StoreAll, Store, check_steps,
+    schedule_stream,
 )
 from ._graph import TapeGraph
 from ._guard import GuardedBlockVariable, MissingValueError, describe, guard
@@ -179,6 +183,7 @@ class CheckpointManager:
         self._hand: dict | None = None
         self._prefix_len: int | None = None
         self._online_saved = None
+        self._cached_plan: _Plan | None = None
         tape._blocks.append_step()
         tape.latest_checkpoint = 0
         tape._eagerly_checkpoint_outputs = False
@@ -308,6 +313,8 @@ class CheckpointManager:
         self._reading = None
         self._stream = self._run = None
         self._checked = self._check
+        self._cached_plan = _plan_for(schedule=self.schedule, levels=self.levels, n_steps=N)
+        self._after_taping = True
         self._consumed = False
         self.taping = False
         # later first sweeps know N: an offline schedule plays actions(N)
@@ -381,41 +388,36 @@ class CheckpointManager:
         self._persistent = {}
         self._hand = None
 
+    def _plan(self) -> _Plan:
+        """The sweeps' actions for the count taped, built and proven valid when taping ended."""
+        assert self._cached_plan is not None
+        return self._cached_plan
+
     def _first_sweep(self, tangent: bool, markings: bool) -> None:
-        g = self.graph
-        N = g.n_steps
+        N = self.graph.n_steps
         self._drop_persistent()
         for p in self.tape._package_data.values():
             p.reset()
             p.pause_checkpointing()
-        check = Simulator(self.levels, None if self._online else N)
-        sweep = _Sweep(self, {}, check, temp=None, tangent=tangent, markings=markings)
+        plan = self._plan()
+        sweep = _Sweep(self, {}, None, temp=None, tangent=tangent, markings=markings)
         sweep.at = 0
         with stop_annotating():
-            if self._online:
-                run = self.schedule.start()
-                sweep.run(run.forward(lambda n: n < N))
-                check.stopped(N)
-                self._online_saved = copy.deepcopy(run)
-                self._prefix_len = None
-            else:
-                self._prefix_len = sweep.run(self.schedule.actions(N), first_sweep=True)
-                self._online_saved = None
-            cur = check.current
-            if cur < N:
-                self._hand = sweep.hold(cur)
-                sweep.advance_to(cur, N)
+            sweep.replay(plan.forward)
+            if plan.hand < N:
+                self._hand = sweep.hold(plan.hand)
+                sweep.advance_to(plan.hand, N)
         self._persistent = sweep.slots
-        self._checked = check
+        self._after_taping = False
         self._consumed = False
         self._tangent_first = tangent
 
-    def _reverse_actions(self) -> Iterator:
-        N = self.graph.n_steps
+    def _taping_reverse(self) -> Iterator:
+        """The reverse part of the schedule the taping sweep played."""
         if self._online_saved is not None:
-            return copy.deepcopy(self._online_saved).reverse(N)
-        it = self.schedule.actions(N)
-        collections.deque(itertools.islice(it, self._prefix_len), maxlen=0)  # the first sweep's
+            return copy.deepcopy(self._online_saved).reverse(self.graph.n_steps)
+        it = self.schedule.actions(self.graph.n_steps)
+        collections.deque(itertools.islice(it, self._prefix_len), maxlen=0)  # the taping's
         return it
 
     def _reverse(self, hessian: bool, markings: bool) -> None:
@@ -424,7 +426,9 @@ class CheckpointManager:
         reverse part runs a first sweep again (``N`` step evaluations) at the same controls."""
         if self._consumed:
             self._first_sweep(tangent=hessian, markings=markings)
-        sweep = _Sweep(self, self._persistent, self._checked, temp=set(), tangent=hessian,
+        after_taping = self._after_taping
+        check = self._checked if after_taping else None
+        sweep = _Sweep(self, self._persistent, check, temp=set(), tangent=hessian,
                        markings=markings, hessian=hessian)
         self._persistent = {}
         self._consumed = True
@@ -432,20 +436,55 @@ class CheckpointManager:
             with stop_annotating():
                 if self._hand is not None:
                     hand, self._hand = self._hand, None
-                    sweep.load(self._checked.current, hand)
+                    sweep.load(self._checked.current if after_taping else self._plan().hand,
+                               hand)
                     del hand
-                sweep.run(self._reverse_actions())
-                if sweep.check.next_record != -1:
-                    raise ScheduleError(
-                        f"the schedule ended before step {sweep.check.next_record} was recorded.")
+                if after_taping:
+                    sweep.run(self._taping_reverse())
+                    if check.next_record != -1:
+                        raise ScheduleError(f"the schedule ended before step "
+                                            f"{check.next_record} was recorded.")
+                else:
+                    sweep.replay(self._plan().reverse)
         finally:
             for snap in list(sweep.slots.values()) + list(sweep.temp):
                 snap.release()
             GuardedBlockVariable.running_step = None
 
 
+class _Plan(NamedTuple):
+    """The actions of every sweep after taping, for the count taped: ``forward`` (a first
+    sweep's, up to the first ``Record``, or for an online schedule up to ``u_N``), ``reverse``
+    (the rest) and ``hand`` (the step at hand where ``forward`` ends)."""
+
+    forward: tuple
+    reverse: tuple
+    hand: int
+
+
+def _plan_for(schedule: Schedule, levels, n_steps: int) -> _Plan:
+    """Every action of ``schedule`` for ``n_steps`` steps, executed once by a
+    :class:`~retrograde.schedules.Simulator` (so each sweep replays actions proven valid, without
+    checking them again) and split where the first sweep ends. Memory: the actions, ``O(N)`` for
+    the schedules here, as the tape itself."""
+    check = Simulator(levels, n_steps)
+    forward: list = []
+    reverse: list = []
+    hand = None
+    for a in schedule_stream(schedule, n_steps):
+        if hand is None and (type(a) in (Record, End) or check.current == n_steps):
+            hand = check.current
+        check.execute(a)
+        (forward if hand is None else reverse).append(a)
+    if not check.ended or check.next_record != -1:
+        raise ScheduleError(f"{schedule!r} stopped before every one of the {n_steps} steps was "
+                            "recorded.")
+    return _Plan(tuple(forward), tuple(reverse), n_steps if hand is None else hand)
+
+
 class _Sweep(Executor):
-    """Executes the actions of one sweep on the tape, each after the simulator ``check``.
+    """Executes the actions of one sweep on the tape: each after the simulator ``check``
+    (:meth:`run`), or a plan the simulator proved valid (:meth:`replay`).
 
     ``at``: the step whose state is at hand (in the block variables' checkpoints), ``None``
     after a ``Record``. ``slots``: (level, slot) -> :class:`_Snapshot`. ``temp``: ``None`` in a
@@ -491,6 +530,12 @@ class _Sweep(Executor):
                 check.ended = self.ended = True
                 break
         return taken
+
+    def replay(self, actions: Iterable) -> None:
+        """Execute ``actions`` that the simulator already proved valid (a :class:`_Plan`)."""
+        mine = self._kinds
+        for a in actions:
+            mine[type(a)](self, a)
 
     # ------------------------------------------------------------------ the state at hand
     def hold(self, n: int) -> dict:
