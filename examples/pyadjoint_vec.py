@@ -34,8 +34,8 @@ from pyadjoint import AdjFloat, Block, OverloadedType, annotate_tape, get_workin
 
 from pyadjoint.tape import TapePackageData, stop_annotating
 
-__all__ = ["Vec", "evolve", "inner", "matvec", "DiskPackage", "DelegatedCheckpoint", "FileCheckpoint",
-           "RECOMPUTES"]
+__all__ = ["Vec", "evolve", "inner", "matvec", "DiskPackage", "DelegatedCheckpoint",
+           "FileCheckpoint", "RECOMPUTES"]
 
 #: Block recomputations by block class name (tests count them).
 RECOMPUTES: dict[str, int] = {}

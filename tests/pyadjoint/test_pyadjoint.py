@@ -356,7 +356,8 @@ def test_missing_value_is_an_error_naming_step_and_variable():
         rf(pa.AdjFloat(0.9))
         for snap in manager._persistent.values():
             snap.entries.clear()  # as if a snapshot had lost what it must hold
-        with pytest.raises(rp.MissingValueError, match=r"step \d+: the snapshot lacks a Vec made by"):
+        with pytest.raises(rp.MissingValueError,
+                           match=r"step \d+: the snapshot lacks a Vec made by"):
             rf.derivative()
 
 

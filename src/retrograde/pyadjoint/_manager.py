@@ -317,8 +317,6 @@ class CheckpointManager:
         self._after_taping = True
         self._consumed = False
         self.taping = False
-        # later first sweeps know N: an offline schedule plays actions(N)
-        self._online = isinstance(self.schedule, OnlineSchedule)
 
     def _ensure_taped(self) -> None:
         if self.taping:

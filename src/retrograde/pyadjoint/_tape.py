@@ -102,7 +102,8 @@ def enable_checkpointing(schedule: Schedule, *, tape: Tape | None = None,
     if type(tape) is Tape:
         tape.__class__ = CheckpointedTape
     elif not isinstance(tape, CheckpointedTape):
-        raise TypeError(f"enable_checkpointing needs a pyadjoint Tape, got a {type(tape).__name__}.")
+        raise TypeError(
+            f"enable_checkpointing needs a pyadjoint Tape, got a {type(tape).__name__}.")
     manager = CheckpointManager(schedule, tape, n_steps)
     tape._checkpoint_manager = manager
     return manager
