@@ -21,7 +21,7 @@ from checkpoint_schedules import Revolve as PyadjointRevolve
 
 import retrograde.pyadjoint as rp
 from retrograde.schedules import (
-    Level, MultiLevel, Online, RecomputeAll, Revolve, StoreAll, simulate,
+    Level, MultiLevel, Online, RecomputeAll, Revolve, ScheduleError, StoreAll, simulate,
 )
 
 from ._models import (
@@ -334,6 +334,14 @@ def test_errors():
             p = pa.AdjFloat(0.7)
             rf = pa.ReducedFunctional(adjfloat_loop(p, tape, taped), pa.Control(p))
             rf.derivative()
+    tape = pa.Tape()  # a loop taped on after it was evaluated: its step count would change
+    with pa.set_working_tape(tape):
+        rp.enable_checkpointing(Revolve(2))
+        p = pa.AdjFloat(0.7)
+        rf = pa.ReducedFunctional(adjfloat_loop(p, tape, 4), pa.Control(p))
+        rf(pa.AdjFloat(0.8))
+        with pytest.raises(ScheduleError, match="cannot take more time steps"):
+            adjfloat_loop(p, tape, 2)
     tape = pa.Tape()
     with pa.set_working_tape(tape), pytest.raises(ValueError, match="needs n_steps"):
         rp.enable_checkpointing(MultiLevel([Level(2), Level(None, 1.0, 1.0)]))
