@@ -18,15 +18,17 @@ from hypothesis import strategies as hst
 
 from retrograde.loops import _machine as M
 from retrograde.loops import _binomial as B
+from retrograde.loops import _offload
 from retrograde.loops._binomial import COST_CAP, _optimum_table, optimum
 from retrograde.loops._sources import RowSource
 from retrograde.loops._placement import store_slot
 from retrograde.loops._tables import tables_for
 from retrograde.schedules import (
-    largest_split, online_decisions, online_store_slot,
+    largest_split, online_decisions, online_store_slot, online_targets, thinning_slot,
     Advance, End, Free, Level, Online, Periodic, RecomputeAll, Record, Restore, Revolve,
     StoreAll, Store, default_schedule, execute, revolve_optimum, simulate,
 )
+from retrograde.schedules._optimum import beta, repetition
 
 CAPACITY = 3000
 
@@ -51,8 +53,10 @@ def _run(n_slots, steps, slots, n_held, n, at_hand, with_pairs=False):
     return acts, idxs, count
 
 
-def expand(acts, idxs, held):
-    """Macro-actions as schedule actions; ``held`` maps each slot to the step it holds."""
+def expand(acts, idxs, held, far=None):
+    """Macro-actions as schedule actions; ``held`` maps each slot to the step it holds. With
+    ``far``, restores from slots ``far`` and above are from slot ``slot - far`` of level 1 (the
+    offloaded slots of ``Online(s, slow=...)``)."""
     held, out = dict(held), []
 
     def store(step, slot):
@@ -67,7 +71,8 @@ def expand(acts, idxs, held):
         if kind == M.DONE:
             break
         if restore >= 0:
-            out.append(Restore(a, restore, 0))
+            far_slot = far is not None and restore >= far
+            out.append(Restore(a, restore - far if far_slot else restore, int(far_slot)))
         if kind == M.MOVE:
             if b > a:
                 out.append(Advance(a, b))
@@ -198,6 +203,68 @@ def _values(jaxpr):
         yield from eqn.outvars
         for sub in jax.extend.core.jaxprs_in_params(eqn.params):
             yield from _values(sub)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _run_segments(n_device, held, n):
+    """Every action of ``_offload.Segments`` (the two-level reversal), with each leaf's slots."""
+    source = _offload.Segments(n_device, held, n)
+    acts = jnp.full((CAPACITY, 7), -1, jnp.int32)
+    idxs = jnp.full((CAPACITY, n_device + 1), -1, jnp.int32)
+
+    def go(c):
+        return (c[4] != M.DONE) & (c[3] < CAPACITY)
+
+    def one(c):
+        st, acts, idxs, i, _ = c
+        st, a = source.step(st)
+        return st, acts.at[i].set(jnp.stack(a)), idxs.at[i].set(source.leaf_slots(st)), i + 1, \
+            a.kind
+
+    init = (source.state, acts, idxs, jnp.int32(0), jnp.int32(M.MOVE))
+    _, acts, idxs, count, _ = jax.lax.while_loop(go, one, init)
+    return acts, idxs, count
+
+
+@pytest.mark.parametrize("d, h", [(1, 1), (1, 4), (2, 3), (4, 9)])
+def test_segments_reverse_as_the_two_level_schedule(d, h):
+    """The in-graph two-level reversal (``_offload.Segments``: each segment's start restored
+    from its offloaded slot into device slot 0, then the machine with the ``d`` device slots),
+    from the snapshots the thinning rule places, makes the evaluations and the slow level's
+    reads of its Python twin (``Online(d, slow=...)``'s reversal, ``reverse_segments``), and
+    every action is valid."""
+    sched = Online(d, slow=Level(h, 1.0, 1.0, storage="host"))
+    for n in (1, 2, 3, 6, 17, 64, 250):
+        held = [-1] * h
+        for step in range(n):
+            k = thinning_slot(step, held, h)
+            if k >= 0:
+                held[k] = step
+        forward = list(sched.start().forward(lambda step: step < n))
+        acts, idxs, count = (np.asarray(v) for v in _run_segments(d, jnp.asarray(held, jnp.int32),
+                                                                  n))
+        assert 0 < count < CAPACITY and acts[count - 1, 0] == M.DONE
+        got = execute(forward + expand(acts[:count], idxs[:count], {}, far=d), n, sched.levels)
+        want = simulate(sched, n)
+        assert (got.plain, got.recorded) == (want.plain, want.recorded), (n, d, h)
+        assert (got.writes[1], got.reads[1]) == (want.writes[1], want.reads[1]), (n, d, h)
+
+
+def test_binomials_match_python():
+    """The int32 binomials of the compiled loops (``_binomial``: the saturating table, the
+    repetition number and the ``Online`` targets) against their Python homes (``_optimum``,
+    ``online_targets``), over every step count up to 1500 and slot counts up to 40."""
+    table = B.beta_table(40, 48)
+    assert table.tolist() == [[min(beta(s, r), B.CAP) for r in range(49)] for s in range(41)]
+    cases = [(n, s) for s in (1, 2, 3, 5, 8, 40) for n in range(1501)]
+    ns, ss = (jnp.asarray(v, jnp.int32) for v in zip(*cases))
+    r, b = (np.asarray(v).tolist() for v in jax.jit(jax.vmap(B.repetition))(ns, ss))
+    want = [repetition(n, s) for n, s in cases]
+    assert r == [w[0] for w in want]
+    assert b == [min(w[1], B.CAP) for w in want]
+    for s in (1, 3, 40):
+        got = np.asarray(jax.jit(jax.vmap(lambda n: B.targets(n, s)))(ns[:1501]))
+        assert got.tolist() == [list(online_targets(n, s)) for n in range(1501)], s
 
 
 @pytest.mark.parametrize("x64", [False, True])

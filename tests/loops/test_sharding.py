@@ -1,4 +1,4 @@
-"""``retrograde.scan`` with a carry sharded over the 8 host devices (``tests/conftest.py`` sets
+"""``retrograde.scan`` with a carry sharded over the 8 host devices (``conftest.py`` sets
 ``--xla_force_host_platform_device_count=8``): gradients equal the unsharded reference, keep the
 carry's sharding, and the snapshot slots are stored sharded (no device holds a full carry)."""
 

@@ -205,3 +205,12 @@ def test_run_can_be_copied_before_reverse():
     first = list(copy.deepcopy(run).reverse(300))
     second = list(copy.deepcopy(run).reverse(300))
     assert first == second == list(run.reverse(300))
+
+
+def test_default_for_an_unknown_step_count():
+    """``retrograde.while_loop``'s default schedule is decided in ``schedules._default`` only."""
+    from retrograde.schedules import default_schedule
+
+    assert default_schedule(None, online=True) == Online(16)
+    with pytest.raises(ValueError, match="online=True"):
+        default_schedule(None)

@@ -159,3 +159,15 @@ def test_one_million_steps_stream():
             records += 1
     assert last == End()
     assert records == 10**6
+
+
+def test_optimum_table_matches_brute_force():
+    """The tabulated form of ``t(n, s)`` (one band of repetition numbers at a time, what
+    ``MultiLevel`` reads) against the recursion, entry by entry."""
+    from retrograde.schedules._optimum import optimum_table
+
+    T = _brute_force_table()
+    for s in range(1, S_MAX + 1):
+        t, r = optimum_table(N_MAX, s)
+        assert t.tolist() == T[s], s
+        assert r.tolist() == [repetition_number(n, s) for n in range(N_MAX + 1)], s

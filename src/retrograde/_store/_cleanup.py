@@ -187,11 +187,13 @@ def remove_stale(directory: str | os.PathLike | None = None, *,
     Returns:
         One :class:`StaleDir` per directory seen.
 
-    Example:
+    Example (a fresh directory stands for a scratch directory such as ``/scratch/me``; after a
+    killed run, the list would name its ``retrograde-p<pid>-...`` directory):
+        >>> import tempfile
         >>> import retrograde.host as rh
-        >>> stale = rh.remove_stale("/scratch/me")  # doctest: +SKIP
-        >>> [d.path for d in stale if d.action == "removed"]  # doctest: +SKIP
-        ['/scratch/me/retrograde-p31337-3kq9x_a1']
+        >>> with tempfile.TemporaryDirectory() as scratch:
+        ...     [d.path for d in rh.remove_stale(scratch) if d.action == "removed"]
+        []
     """
     directory = tempfile.gettempdir() if directory is None else os.fspath(directory)
     host = socket.gethostname()

@@ -67,9 +67,13 @@ class Disk(Storage):
             whatever ends the process, nothing to inspect either; the space of a freed snapshot is
             reused by later ones, and returned when the run ends.
 
-    Example:
+    Example (the temporary directory stands for a scratch directory such as ``/scratch/me``;
+    nothing is written there before a run opens the store):
+        >>> import tempfile
         >>> import retrograde.host as rh
-        >>> storage = rh.Disk("/scratch/me")    # doctest: +SKIP
+        >>> storage = rh.Disk(tempfile.gettempdir())
+        >>> storage.directory == tempfile.gettempdir(), storage.unnamed
+        (True, False)
     """
 
     def __init__(self, directory: str | os.PathLike | None = None, *, rank: int | None = None,

@@ -146,6 +146,8 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
         ...         adjoint=CheckpointAdjoint(), max_steps=64)
         ...     return jnp.sum(sol.ys[-1] ** 2)
         >>> g = jax.grad(loss)(jnp.ones(2))
+        >>> [round(float(x), 4) for x in g]   # 2 exp(-2)
+        [0.2707, 0.2707]
     """
 
     schedule: Any = eqx.field(static=True, default=None)

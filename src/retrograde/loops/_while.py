@@ -29,7 +29,7 @@ from jax._src.interpreters import ad, mlir
 from jax._src.interpreters import partial_eval as pe
 from jax.extend.core import Primitive, jaxpr_as_fun
 
-from ..schedules import Online, Schedule, check_steps
+from ..schedules import Online, Schedule, check_steps, default_schedule
 from . import _batch_levels
 from ._body import Body, cut, forward_unchanged, guarded, make_body
 from ._carry import (
@@ -44,8 +44,6 @@ from ._tan_p import apply_tangent
 T = TypeVar("T")
 
 __all__ = ["while_loop"]
-
-DEFAULT_SNAPSHOTS = 16
 
 while_fwd_p = Primitive("retrograde_while_forward")
 while_fwd_p.multiple_results = True
@@ -211,7 +209,7 @@ def named_while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers,
     """:func:`while_loop`, with errors worded by ``names`` (``fori_loop`` runs it too)."""
     where = names.where
     if schedule is None:
-        schedule = Online(DEFAULT_SNAPSHOTS)
+        schedule = default_schedule(None, online=True)
     if not isinstance(schedule, Online):
         raise ValueError(
             f"{where}: schedule must be retrograde.schedules.Online(snapshots) (the "
