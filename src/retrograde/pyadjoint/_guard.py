@@ -13,7 +13,7 @@ from pyadjoint.block_variable import BlockVariable
 
 from .._store import SnapshotError
 
-__all__ = ["MissingValueError", "GuardedBlockVariable", "describe"]
+__all__ = ["MissingValueError", "GuardedBlockVariable", "RUNNING", "describe", "guard"]
 
 
 class MissingValueError(SnapshotError):
@@ -31,18 +31,29 @@ def describe(bv) -> str:
     return f"a {type(bv.output).__name__}{where}"
 
 
+class _Running:
+    """The step a sweep is running, for the message (set by the checkpoint manager). An
+    instance attribute: assigning a class attribute in the step loop would invalidate the
+    type's attribute cache on every step."""
+
+    __slots__ = ("step",)
+
+    def __init__(self):
+        self.step: int | None = None
+
+
+RUNNING = _Running()
+
+
 class GuardedBlockVariable(BlockVariable):
     """A :class:`pyadjoint.block_variable.BlockVariable` whose ``saved_output`` raises
     :class:`MissingValueError` when it holds no checkpoint (cost: one test per read)."""
-
-    #: The step a sweep is running, for the message (set by the checkpoint manager).
-    running_step: int | None = None
 
     @property
     def saved_output(self):
         checkpoint = self._checkpoint
         if checkpoint is None:
-            step = GuardedBlockVariable.running_step
+            step = RUNNING.step
             at = "" if step is None else f"step {step} needs "
             raise MissingValueError(
                 f"{at}the value of {describe(self)}, which no snapshot holds: retrograde never "

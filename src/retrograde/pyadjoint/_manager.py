@@ -53,7 +53,7 @@ from ..schedules import (
     schedule_stream,
 )
 from ._graph import TapeGraph
-from ._guard import GuardedBlockVariable, MissingValueError, describe, guard
+from ._guard import RUNNING, MissingValueError, describe, guard
 from ._slots import is_delegated, materialise, open_store
 
 __all__ = ["CheckpointManager", "Counts"]
@@ -447,7 +447,7 @@ class CheckpointManager:
         finally:
             for snap in list(sweep.slots.values()) + list(sweep.temp):
                 snap.release()
-            GuardedBlockVariable.running_step = None
+            RUNNING.step = None
 
 
 class _Plan(NamedTuple):
@@ -572,7 +572,7 @@ class _Sweep(Executor):
 
     def _step(self, n: int) -> None:
         """Evaluate step ``n``'s blocks (with tangents in a tangent sweep)."""
-        GuardedBlockVariable.running_step = n
+        RUNNING.step = n
         if self.tangent:
             markings = self.markings
             for block in self.blocks[n]:
@@ -592,17 +592,23 @@ class _Sweep(Executor):
                 block.recompute()
 
     def advance_to(self, start: int, stop: int) -> None:
-        if self.hold_all:
+        if self.hold_all or self.tangent:
+            dead = () if self.hold_all else self.g.dead
             for n in range(start, stop):
                 self._step(n)
-        else:
-            dead, protect, step = self.g.dead, self.protect, self._step
+                if dead:
+                    self._clear(dead[n])
+        else:  # the common case, inlined: recompute into fresh outputs, drop what died
+            steps, dead, protect = self.blocks, self.g.dead, self.protect
             for n in range(start, stop):
-                step(n)
+                RUNNING.step = n
+                for block in steps[n]:
+                    for bv in block._outputs:
+                        bv._checkpoint = None
+                    block.recompute()
                 for bv in dead[n]:
                     if bv not in protect:
                         bv._checkpoint = None
-                        bv.tlm_value = None
         self.m.counts.steps += stop - start
         self.at = stop
 
@@ -664,7 +670,7 @@ class _Sweep(Executor):
         if rerun:
             self._step(n)
             self.m.counts.rerun += 1
-        GuardedBlockVariable.running_step = n
+        RUNNING.step = n
         markings = self.markings
         if self.hessian:
             for block in reversed(g.steps[n]):
