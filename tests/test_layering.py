@@ -131,3 +131,11 @@ def test_no_private_name_is_imported_across_modules():
                 if _is_module(target):
                     found.add((module, target, node.attr))
     assert found - KNOWN_PRIVATE == set()
+
+
+def test_jax_internals_live_in_one_module():
+    """Every ``jax._src`` import is in ``retrograde/_jax_private.py`` (issue #32): the surface
+    an upgrade of JAX has to check."""
+    users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                   if "jax._src" in p.read_text(encoding="utf-8"))
+    assert users == ["_jax_private.py"]

@@ -20,8 +20,7 @@ gather (whose own transpose is JAX's).
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax._src import dispatch
-from jax._src.interpreters import ad, batching, mlir
+from .._jax_private import ad, batching, dispatch, mlir
 from jax.extend.core import Primitive
 
 __all__ = ["write_once", "write_once_p"]

@@ -12,9 +12,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax._src import core, dispatch
-from jax._src.interpreters import ad, batching, mlir
-from jax._src.interpreters import partial_eval as pe
+from .._jax_private import ad, batching, core, dispatch, mlir, pe
 from jax.extend.core import Primitive
 
 from . import _batch_levels

@@ -25,8 +25,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 import jax
 import jax.numpy as jnp
-from jax._src import core
-from jax._src.interpreters import ad, batching
+from .._jax_private import ad, batching, core
 
 from ._body import Body
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
-from jax._src.interpreters import ad
-from jax._src.interpreters import partial_eval as pe
+from .._jax_private import ad, pe
 from jax.extend import core as jex_core
 
 Mask = tuple[bool, ...]

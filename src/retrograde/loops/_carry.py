@@ -16,8 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax, tree_util
-from jax._src import config, core
-from jax._src.lax.lax import _convert_element_type
+from .._jax_private import config, convert_element_type, core
 
 
 def leaf_array(leaf, where: str, what: str):
@@ -209,7 +208,7 @@ def with_weak_types(values: Sequence, avals: Sequence) -> list:
     """``values`` with the weak types of ``avals`` (a loop's results are typed as its step's
     outputs, as in ``jax.lax``); the dtypes already agree."""
     return [v if core.typeof(v).weak_type == a.weak_type
-            else _convert_element_type(v, a.dtype, weak_type=a.weak_type)
+            else convert_element_type(v, a.dtype, weak_type=a.weak_type)
             for v, a in zip(values, avals)]
 
 

@@ -50,9 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax._src import callback as _callback
-from jax._src import core, dispatch, effects
-from jax._src.interpreters import batching, mlir
+from .._jax_private import batching, callback, core, dispatch, effects, mlir
 from jax.extend.core import Primitive
 
 from .._store import SnapshotError, Store, level_storage
@@ -386,9 +384,9 @@ def _lowering(make_callback, n_operands=lambda n_args: n_args):
         n = n_operands(len(args))
         operands, avals_in = list(args[:n]), list(ctx.avals_in[:n])
         fun = make_callback(ctx.avals_out, **params)
-        sharding = _callback._callback_op_sharding(ctx.module_context.axis_context, None,
+        sharding = callback._callback_op_sharding(ctx.module_context.axis_context, None,
                                                    ctx.avals_out)
-        result, token, _ = _callback.emit_python_callback(
+        result, token, _ = callback.emit_python_callback(
             ctx.replace(avals_in=avals_in), fun, ctx.tokens_in.get(EFFECT), operands, avals_in,
             ctx.avals_out, has_side_effect=True, returns_token=True, sharding=sharding)
         ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({EFFECT: token})))

@@ -57,8 +57,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
-from jax._src import core
-from jax._src.interpreters import ad, batching, mlir
+from .._jax_private import ad, batching, core, mlir
 
 from ..schedules import Schedule
 from . import _batch_levels

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax, tree_util
-from jax._src import core
+from .._jax_private import core
 
 from ..schedules import Online, Schedule, check_steps, default_schedule
 from ._body import Body, forward_unchanged, make_body

@@ -9,9 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from jax._src import core, dispatch
-from jax._src.interpreters import ad, mlir
-from jax._src.interpreters import partial_eval as pe
+from .._jax_private import ad, core, dispatch, mlir, pe
 from jax.extend.core import Primitive
 
 from . import _batch_levels

@@ -24,9 +24,7 @@ from typing import Any, NamedTuple, TypeVar
 import jax
 import jax.numpy as jnp
 from jax import tree_util
-from jax._src import core, dispatch
-from jax._src.interpreters import ad, mlir
-from jax._src.interpreters import partial_eval as pe
+from .._jax_private import ad, core, dispatch, mlir, pe
 from jax.extend.core import Primitive, jaxpr_as_fun
 
 from ..schedules import Online, Schedule, check_steps, default_schedule
