@@ -250,6 +250,7 @@ def _run_strict(script: str) -> None:
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
+@pytest.mark.slow  # the default run's test_runtime_type_checking_derivatives runs this script too
 def test_runtime_type_checking():
     """diffrax type-checked at runtime (its ``eqxi.MaybeBuffer`` annotations accept the
     write-only buffers) in diffrax's suite configuration: ``SaveAt(ts=...)``, ``steps=True``
@@ -258,8 +259,8 @@ def test_runtime_type_checking():
 
 
 def test_runtime_type_checking_derivatives():
-    """The same configuration: a gradient, ``Solution.evaluate`` of dense output (weak step
-    counters) and a ``jax.jvp``."""
+    """The same configuration and the same solves (``_STRICT`` runs first), then a gradient,
+    ``Solution.evaluate`` of dense output (weak step counters) and a ``jax.jvp``."""
     _run_strict(_STRICT.replace('print("ok")', textwrap.dedent("""
         sol = solve(CheckpointAdjoint(), diffrax.SaveAt(dense=True))
         ref = solve(diffrax.RecursiveCheckpointAdjoint(), diffrax.SaveAt(dense=True))
