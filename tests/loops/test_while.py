@@ -52,12 +52,12 @@ MODES = {
 }
 
 
-# Each case compiles a while loop differentiated to its order (5-25 s on 2 cores). In the default
-# run: every mode at Online(4) except the two that repeat a kept case's transformation, and
-# grad and hessian at Online(1). Slow (`make test-all`): jacrev_jacrev (reverse over reverse, as
-# grad_grad, batched by vmap, as hessian-1 batches its reverse sweep) and hessian at Online(4)
-# (the same program as hessian-1 but for the schedule's slot count; hvp-4 is forward over
-# reverse at Online(4)).
+# Each case compiles a while loop differentiated to its order (5-25 s on 2 cores), with the
+# suite's fast-compile options as the other correctness tests (``_problems.FAST_COMPILE``). The
+# default run keeps every mode at Online(4) but two, and grad and hessian at Online(1). Slow
+# (`make test-all`): jacrev_jacrev-4 (reverse over reverse, which grad_grad-4 checks, batched by
+# vmap, which hessian-1 checks of a reverse sweep) and hessian-4 (jax.hessian is hessian-1's at
+# another slot count; forward over reverse at Online(4) is hvp-4's).
 _SLOW_MODES = {("jacrev_jacrev", 4), ("hessian", 4)}
 
 
@@ -68,8 +68,8 @@ _SLOW_MODES = {("jacrev_jacrev", 4), ("hessian", 4)}
 )
 def test_modes_match_reference(mode, s):
     make = MODES[mode]
-    got = jax.jit(make(lambda t, w: _loss(t, w, Online(s))))(0.7, 0.3)
-    want = jax.jit(make(_ref))(0.7, 0.3)
+    got = P.jit(make(lambda t, w: _loss(t, w, Online(s))))(0.7, 0.3)
+    want = P.jit(make(_ref))(0.7, 0.3)
     P.assert_close(got, want, 1e-10)
 
 
@@ -81,8 +81,8 @@ def test_pairs_leaves_match_reference(mode):
     """``Online(12)`` over 40 steps ends in runs of two-step segments, which the reversal takes
     as two ``PAIRS`` leaves (of 4 and 3 segments; ``tests/loops/test_machine.py``)."""
     make = MODES[mode]
-    got = jax.jit(make(lambda t, w: _loss(t, w, Online(12), n=40)))(0.7, 0.3)
-    want = jax.jit(make(lambda t, w: _ref(t, w, n=40)))(0.7, 0.3)
+    got = P.jit(make(lambda t, w: _loss(t, w, Online(12), n=40)))(0.7, 0.3)
+    want = P.jit(make(lambda t, w: _ref(t, w, n=40)))(0.7, 0.3)
     P.assert_close(got, want, 1e-10)
 
 
@@ -427,7 +427,7 @@ def test_first_order_body_runs_steps_and_vjps_only():
     _, t = jax.jvp(lambda t: _dual_loss(t, count), (theta,), (1.0,))
     _, t_ref = jax.jvp(_dual_ref, (theta,), (1.0,))
     np.testing.assert_allclose(t, t_ref, rtol=1e-12)
-    h = jax.jit(jax.hessian(lambda t: _dual_loss(t, count)))(theta)
+    h = P.jit(jax.hessian(lambda t: _dual_loss(t, count)))(theta)
     np.testing.assert_allclose(h, jax.hessian(_dual_ref)(theta), rtol=1e-10)
     gv = jax.vmap(jax.grad(lambda t: _dual_loss(t, count)))(jnp.array([0.5, 0.8]))
     np.testing.assert_allclose(gv, jax.vmap(jax.grad(_dual_ref))(jnp.array([0.5, 0.8])),
