@@ -292,7 +292,7 @@ def test_memory_does_not_grow_with_steps():
     ("grad", "hvp"),
     # Reverse over reverse at PAIRS leaves: two more 10-15 s compiles.
     pytest.param(("grad_grad",), marks=pytest.mark.slow),
-])
+], ids="-".join)
 def test_pairs_leaves_memory_does_not_grow_with_steps(orders):
     """``Online(40)`` over 500 and 700 steps reverses with ``PAIRS`` leaves (runs of 2-8
     two-step segments): memory is the same at both step counts, at first and second order, and
