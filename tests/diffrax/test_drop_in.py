@@ -29,6 +29,7 @@ import numpy as np
 import optimistix as optx
 import pytest
 
+from ..loops._problems import FAST_COMPILE
 from ._diffrax_problems import assert_close, checkpoint_adjoint
 
 RCA = diffrax.RecursiveCheckpointAdjoint()
@@ -56,7 +57,8 @@ def _same_values(sol, ref):
 
 def _grad_both(loss, *args):
     """``jax.grad(loss)`` with CheckpointAdjoint and with DirectAdjoint."""
-    g = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
+    # The suite's fast-compile options for correctness tests (tests/loops/_problems.py), both sides.
+    g = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2, compiler_options=FAST_COMPILE)
     return g(*args, checkpoint_adjoint()), g(*args, DIRECT)
 
 
