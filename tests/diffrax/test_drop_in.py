@@ -29,6 +29,7 @@ import numpy as np
 import optimistix as optx
 import pytest
 
+from ..loops._problems import FAST_COMPILE
 from ._diffrax_problems import assert_close, checkpoint_adjoint
 
 RCA = diffrax.RecursiveCheckpointAdjoint()
@@ -56,7 +57,8 @@ def _same_values(sol, ref):
 
 def _grad_both(loss, *args):
     """``jax.grad(loss)`` with CheckpointAdjoint and with DirectAdjoint."""
-    g = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
+    # The suite's fast-compile options for correctness tests (tests/loops/_problems.py), both sides.
+    g = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2, compiler_options=FAST_COMPILE)
     return g(*args, checkpoint_adjoint()), g(*args, DIRECT)
 
 
@@ -250,6 +252,7 @@ def _run_strict(script: str) -> None:
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
+@pytest.mark.slow  # the default run's test_runtime_type_checking_derivatives runs this script too
 def test_runtime_type_checking():
     """diffrax type-checked at runtime (its ``eqxi.MaybeBuffer`` annotations accept the
     write-only buffers) in diffrax's suite configuration: ``SaveAt(ts=...)``, ``steps=True``
@@ -258,8 +261,8 @@ def test_runtime_type_checking():
 
 
 def test_runtime_type_checking_derivatives():
-    """The same configuration: a gradient, ``Solution.evaluate`` of dense output (weak step
-    counters) and a ``jax.jvp``."""
+    """The same configuration and the same solves (``_STRICT`` runs first), then a gradient,
+    ``Solution.evaluate`` of dense output (weak step counters) and a ``jax.jvp``."""
     _run_strict(_STRICT.replace('print("ok")', textwrap.dedent("""
         sol = solve(CheckpointAdjoint(), diffrax.SaveAt(dense=True))
         ref = solve(diffrax.RecursiveCheckpointAdjoint(), diffrax.SaveAt(dense=True))

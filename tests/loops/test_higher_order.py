@@ -222,11 +222,12 @@ def test_derivatives_of_a_pruned_adjoint():
             assert keeps and any(not all(m) for k in keeps for m in k if m), keeps
         flat = jcore.jaxpr_as_fun(jcore.ClosedJaxpr(jaxpr, closed.consts))
         g = lambda p: flat(*jax.tree_util.tree_leaves(p))
-        return {
+        # Jitted (one compile; eagerly, each primitive of the derivatives compiles on its own).
+        return jax.jit(lambda p: {
             "grad": jax.grad(lambda p: sum(jnp.sum(v ** 2) for v in g(p)))(p),
             "jvp": jax.jvp(g, (p,), (dp,))[1],
             "vmap": jax.vmap(lambda s: g(jax.tree_util.tree_map(lambda v: s * v, p)))(
                 jnp.array([0.5, 1.0])),
-        }
+        })(p)
 
     _check(program(P.rscan(rs.Revolve(2)), check_pruned=True), program(P.lax_scan))

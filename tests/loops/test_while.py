@@ -52,23 +52,37 @@ MODES = {
 }
 
 
+# Each case compiles a while loop differentiated to its order (5-25 s on 2 cores), with the
+# suite's fast-compile options as the other correctness tests (``_problems.FAST_COMPILE``). The
+# default run keeps every mode at Online(4) but two, and grad and hessian at Online(1). Slow
+# (`make test-all`): jacrev_jacrev-4 (reverse over reverse, which grad_grad-4 checks, batched by
+# vmap, which hessian-1 checks of a reverse sweep) and hessian-4 (jax.hessian is hessian-1's at
+# another slot count; forward over reverse at Online(4) is hvp-4's).
+_SLOW_MODES = {("jacrev_jacrev", 4), ("hessian", 4)}
+
+
 @pytest.mark.parametrize(
-    "mode, s", [(m, 4) for m in sorted(MODES)] + [("grad", 1), ("hessian", 1)]
+    "mode, s",
+    [pytest.param(m, s, marks=pytest.mark.slow) if (m, s) in _SLOW_MODES else (m, s)
+     for m, s in [(m, 4) for m in sorted(MODES)] + [("grad", 1), ("hessian", 1)]],
 )
 def test_modes_match_reference(mode, s):
     make = MODES[mode]
-    got = jax.jit(make(lambda t, w: _loss(t, w, Online(s))))(0.7, 0.3)
-    want = make(_ref)(0.7, 0.3)
+    got = P.jit(make(lambda t, w: _loss(t, w, Online(s))))(0.7, 0.3)
+    want = P.jit(make(_ref))(0.7, 0.3)
     P.assert_close(got, want, 1e-10)
 
 
-@pytest.mark.parametrize("mode", ["grad", "jvp", "hvp", "grad_grad", "third"])
+@pytest.mark.parametrize("mode", ["grad", "jvp", "hvp", "grad_grad",
+                                  # Third order is test_modes_match_reference[third-4]'s; here
+                                  # it compiles for 20-45 s.
+                                  pytest.param("third", marks=pytest.mark.slow)])
 def test_pairs_leaves_match_reference(mode):
     """``Online(12)`` over 40 steps ends in runs of two-step segments, which the reversal takes
     as two ``PAIRS`` leaves (of 4 and 3 segments; ``tests/loops/test_machine.py``)."""
     make = MODES[mode]
-    got = jax.jit(make(lambda t, w: _loss(t, w, Online(12), n=40)))(0.7, 0.3)
-    want = make(lambda t, w: _ref(t, w, n=40))(0.7, 0.3)
+    got = P.jit(make(lambda t, w: _loss(t, w, Online(12), n=40)))(0.7, 0.3)
+    want = P.jit(make(lambda t, w: _ref(t, w, n=40)))(0.7, 0.3)
     P.assert_close(got, want, 1e-10)
 
 
@@ -252,30 +266,48 @@ def _hvp(f):
     return lambda t: jax.jvp(jax.grad(f), (t,), (1.0,))[1]
 
 
+ORDERS = {"grad": jax.grad, "hvp": _hvp, "grad_grad": lambda f: jax.grad(jax.grad(f)),
+          "third": lambda f: jax.grad(jax.grad(jax.grad(f)))}
+_CARRIES = {}
+
+
+def _decay_carries(order, n, s):
+    """``_carries(ORDERS[order](_decay(n, s)))``, compiled once per session (each compile takes
+    5-15 s; the memory tests below share them)."""
+    key = (order, n, s)
+    if key not in _CARRIES:
+        _CARRIES[key] = _carries(ORDERS[order](_decay(n, s)))
+    return _CARRIES[key]
+
+
 def test_memory_does_not_grow_with_steps():
-    for order in (jax.grad, _hvp):
-        small, large = _carries(order(_decay(1000, 8))), _carries(order(_decay(10000, 8)))
-        assert large <= 1.1 * small
+    for order in ("grad", "hvp"):
+        assert _decay_carries(order, 10000, 8) <= 1.1 * _decay_carries(order, 1000, 8)
     # 14.1 carries: 8 slots, the state, its cotangent, XLA's copy of the cotangent that the
     # record overwrites in place (the record runs outside any conditional), the step's working set.
-    assert _carries(jax.grad(_decay(1000, 8))) <= 8 + 7
+    assert _decay_carries("grad", 1000, 8) <= 8 + 7
 
 
-def test_pairs_leaves_memory_does_not_grow_with_steps():
+@pytest.mark.parametrize("orders", [
+    ("grad", "hvp"),
+    # Reverse over reverse at PAIRS leaves: two more 10-15 s compiles.
+    pytest.param(("grad_grad",), marks=pytest.mark.slow),
+], ids="-".join)
+def test_pairs_leaves_memory_does_not_grow_with_steps(orders):
     """``Online(40)`` over 500 and 700 steps reverses with ``PAIRS`` leaves (runs of 2-8
     two-step segments): memory is the same at both step counts, at first and second order, and
     within the slots plus the bound's 7 carries at first order (measured 46.8)."""
-    for order in (jax.grad, _hvp, lambda f: jax.grad(jax.grad(f))):
-        assert _carries(order(_decay(700, 40))) <= 1.01 * _carries(order(_decay(500, 40)))
-    assert _carries(jax.grad(_decay(700, 40))) <= 40 + 7
+    for order in orders:
+        assert _decay_carries(order, 700, 40) <= 1.01 * _decay_carries(order, 500, 40)
+    if "grad" in orders:
+        assert _decay_carries("grad", 700, 40) <= 40 + 7
 
 
 def test_higher_order_memory():
     """Each order's sweeps hold their snapshots one at a time. Measured (carries of 500 float64,
     Online(8)): first order 14.1, grad of grad 28.2, third order 54.4."""
-    f = _decay(1000, 8)
-    assert _carries(jax.grad(jax.grad(f))) <= 2 * (8 + 7)
-    assert _carries(jax.grad(jax.grad(jax.grad(f)))) <= 4 * (8 + 7)
+    assert _decay_carries("grad_grad", 1000, 8) <= 2 * (8 + 7)
+    assert _decay_carries("third", 1000, 8) <= 4 * (8 + 7)
 
 
 M = 30
@@ -305,10 +337,11 @@ def _buffered_ref(theta):
 def test_buffers_exact_and_not_in_snapshots():
     f = lambda t: _buffered(t, lambda v: v[2])
     P.assert_close(f(0.5), _buffered_ref(0.5), 1e-12)
-    P.assert_close(jax.grad(f)(0.5), jax.grad(_buffered_ref)(0.5), 1e-10)
-    hvp = lambda g: jax.jvp(jax.grad(g), (0.5,), (1.0,))[1]
+    grad = jax.jit(jax.grad(f)).lower(0.5).compile()  # one compile: the value and the memory
+    P.assert_close(grad(0.5), jax.grad(_buffered_ref)(0.5), 1e-10)
+    hvp = lambda g: jax.jit(lambda t: jax.jvp(jax.grad(g), (t,), (1.0,))[1])(0.5)
     P.assert_close(hvp(f), hvp(_buffered_ref), 1e-10)
-    with_buf = jax.jit(jax.grad(f)).lower(0.5).compile().memory_analysis().temp_size_in_bytes
+    with_buf = grad.memory_analysis().temp_size_in_bytes
     plain = jax.jit(jax.grad(lambda t: _buffered(t, None))).lower(0.5).compile()
     assert with_buf < plain.memory_analysis().temp_size_in_bytes
 
@@ -394,7 +427,7 @@ def test_first_order_body_runs_steps_and_vjps_only():
     _, t = jax.jvp(lambda t: _dual_loss(t, count), (theta,), (1.0,))
     _, t_ref = jax.jvp(_dual_ref, (theta,), (1.0,))
     np.testing.assert_allclose(t, t_ref, rtol=1e-12)
-    h = jax.jit(jax.hessian(lambda t: _dual_loss(t, count)))(theta)
+    h = P.jit(jax.hessian(lambda t: _dual_loss(t, count)))(theta)
     np.testing.assert_allclose(h, jax.hessian(_dual_ref)(theta), rtol=1e-10)
     gv = jax.vmap(jax.grad(lambda t: _dual_loss(t, count)))(jnp.array([0.5, 0.8]))
     np.testing.assert_allclose(gv, jax.vmap(jax.grad(_dual_ref))(jnp.array([0.5, 0.8])),
