@@ -35,15 +35,16 @@ import os
 
 os.environ.setdefault("JAX_ENABLE_X64", "1")
 
-import diffrax  # noqa: E402
-import equinox as eqx  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import jax.random as jr  # noqa: E402
-import numpy as np  # noqa: E402
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
 
-from _common import prepare, time_round_robin  # noqa: E402
-from retrograde.diffrax import CheckpointAdjoint  # noqa: E402
+from retrograde.diffrax import CheckpointAdjoint
+
+from _common import prepare, time_round_robin
 
 BATCH, DIM, WIDTH, DEPTH = 64, 2, 64, 2
 T1 = 1.0
@@ -216,7 +217,8 @@ def main():
                 print_row(rows[-1], markdown=False, flush=not args.markdown)
     if args.markdown:
         print()
-        print("| run | derivative | adjoint | compile s | run s | temp MiB | rel. error vs Direct | note |")
+        print("| run | derivative | adjoint | compile s | run s | temp MiB "
+              "| rel. error vs Direct | note |")
         print("|---|---|---|---:|---:|---:|---:|---|")
         for row in rows:
             print_row(row, markdown=True)

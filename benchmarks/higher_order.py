@@ -39,8 +39,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import retrograde  # noqa: E402
-from _common import nested_remat, nested_shape, print_table  # noqa: E402
 from retrograde.schedules import Revolve  # noqa: E402
+
+from _common import nested_remat, nested_shape, print_table  # noqa: E402
 
 DT = 0.01
 
@@ -105,7 +106,7 @@ def measure_all(fns, args, repeats: int):
         compiled[key] = c
         print(f"  compiled {key}: temp {temps[key] / 2**20:.2f} MiB", flush=True)
     times = {k: [] for k in fns}
-    for r in range(repeats):
+    for _r in range(repeats):
         for key, c in compiled.items():
             if warm[key] < 1.0:  # an untimed call first: the previous entry's clean-up
                 jax.block_until_ready(c(*args))

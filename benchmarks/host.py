@@ -141,7 +141,7 @@ def measure_costs(heat, u0, q, tmpdir):
         heat.forward(n, u, q)
     t_step = (time.perf_counter() - t0) / 5
     store = rh.Disk(tmpdir).open()
-    leaves, treedef = jax.tree_util.tree_flatten(u)
+    _leaves, treedef = jax.tree_util.tree_flatten(u)
     t0 = time.perf_counter()
     snaps = [store.put(i, [u + i], treedef) for i in range(3)]
     t_w = (time.perf_counter() - t0) / 3

@@ -37,7 +37,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import print_table  # noqa: E402
+from _common import print_table
 
 
 def _schedule(row, device, slots, costs, directory):

@@ -64,8 +64,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import retrograde  # noqa: E402
-from _common import nested_remat, nested_shape, prepare, print_table, time_round_robin  # noqa: E402
 from retrograde.schedules import Online, Revolve, StoreAll  # noqa: E402
+
+from _common import nested_remat, nested_shape, prepare, print_table, time_round_robin  # noqa: E402
 
 CASES = ("vmap", "long", "while", "hvp", "diffrax", "compile")
 MiB = 2**20
@@ -382,7 +383,7 @@ def case_diffrax(repeats, markdown, large=False):
     targets = []
     for label, kw in runs.items():
         steps = int(jax.jit(make_loss(diffrax.RecursiveCheckpointAdjoint(), **kw))(params)[1])
-        fns = {name: jax.grad(lambda p, loss=make_loss(adj, **kw): loss(p)[0])
+        fns = {name: jax.grad(lambda p, loss=make_loss(adj, **kw): loss(p)[0])  # noqa: B008 - binds this adjoint's loss
                for name, adj in (("CheckpointAdjoint", CheckpointAdjoint()),
                                  ("RecursiveCheckpointAdjoint",
                                   diffrax.RecursiveCheckpointAdjoint()))}

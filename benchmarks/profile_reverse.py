@@ -36,8 +36,9 @@ import numpy as np
 from jax import lax
 
 import retrograde
+from retrograde.schedules import Advance, Record, Restore, Revolve, Store, StoreAll
+
 from _common import nested_remat, nested_shape, prepare, print_table
-from retrograde.schedules import Advance, Record, Restore, Revolve, StoreAll, Store
 
 N, C = 10_000, 256
 ITERS = 100_000  # iterations of the control-flow loops
@@ -147,7 +148,7 @@ def tables(schedule):
             rest.append(r), lo.append(a), hi.append(at), sptr.append(len(stores))
             r, a = -1, at
     stores.append((N + 1, 0))
-    i32 = lambda x: jnp.asarray(np.asarray(x, np.int32))  # noqa: E731
+    i32 = lambda x: jnp.asarray(np.asarray(x, np.int32))
     return dict(n_slots=n_slots, fwd=i32(fwd), rest=i32(rest), lo=i32(lo), hi=i32(hi),
                 sptr=i32(sptr), stores=i32(stores), n_rec=len(rest))
 

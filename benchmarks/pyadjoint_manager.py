@@ -38,10 +38,10 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import numpy as np  # noqa: E402
 import pyadjoint as pa  # noqa: E402
+from pyadjoint_vec import Vec, evolve, inner, matvec  # noqa: E402
 
 import retrograde.pyadjoint as rp  # noqa: E402
 from retrograde.schedules import Revolve, StoreAll  # noqa: E402
-from pyadjoint_vec import Vec, evolve, inner, matvec  # noqa: E402
 
 K = 4
 A = np.eye(K) * -2 + np.eye(K, k=1) + np.eye(K, k=-1)

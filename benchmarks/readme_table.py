@@ -286,12 +286,12 @@ def main(argv=None) -> int:
                 "", 0.0, "no saved output")
         else:
             outputs[name] = run(name)
-    when = meta.get("when") or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = meta.get("when") or dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     where = meta.get("where") or machine()
     if args.save_raw and not args.load_raw:
         raw = Path(args.save_raw)
         raw.mkdir(parents=True, exist_ok=True)
-        for name, (text, seconds, note) in outputs.items():
+        for name, (text, _seconds, _note) in outputs.items():
             (raw / f"{name}.md").write_text(text)
         runs = {name: [seconds, note] for name, (_, seconds, note) in outputs.items()}
         (raw / "meta.json").write_text(json.dumps({"when": when, "where": where, "runs": runs}))

@@ -15,7 +15,7 @@ Methods: ``retrograde.scan`` with ``Revolve(s)`` and with ``StoreAll()``; plain 
 chunk an inner ``lax.scan`` under ``jax.checkpoint``); and equinox's online checkpointed scan
 ``equinox.internal.scan(..., kind="checkpointed", checkpoints=s)`` at the same ``s``.
 
-    python benchmarks/scan.py              # N=1000, C=100000, s in {10, 45}; ~2-3 minutes on 2 cores
+    python benchmarks/scan.py              # N=1000, C=100000, s in {10, 45}; 2-3 minutes on 2 cores
     python benchmarks/scan.py --quick      # carry 30000, 3 repeats; about a minute
     python benchmarks/scan.py --markdown   # the table as markdown (for the README)
     python benchmarks/scan.py --n 2000 --carry 50000 --snapshots 10 20 --repeats 9
@@ -27,14 +27,15 @@ import argparse
 import statistics
 import time
 
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import equinox.internal as eqxi
 import retrograde
-from _common import nested_remat, nested_shape, print_table
 from retrograde.schedules import Revolve, StoreAll
+
+from _common import nested_remat, nested_shape, print_table
 
 DT = 0.01
 

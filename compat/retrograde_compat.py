@@ -79,6 +79,7 @@ def _counted(fun):
 
 def _lax_substitute(name: str, schedule):
     import jax
+
     import retrograde
 
     loop = getattr(retrograde, name)

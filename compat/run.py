@@ -7,8 +7,8 @@ https://github.com/jax-ml/jax at the tag of the installed jax (``jax-v0.10.2``):
 ``tests/lax_control_flow_test.py`` runs once per substitution of ``jax.lax.scan``,
 ``jax.lax.fori_loop`` or ``jax.lax.while_loop`` by retrograde's loop and per schedule (see
 ``MATRIX``; under a loop's first schedule the whole file runs, under the others only the tests
-that called the loop). ``--diffrax-src`` is a checkout of https://github.com/patrick-kidger/diffrax at the
-installed version's tag (``v0.7.2``): each file of its ``test/`` runs with
+that called the loop). ``--diffrax-src`` is a checkout of https://github.com/patrick-kidger/diffrax
+at the installed version's tag (``v0.7.2``): each file of its ``test/`` runs with
 ``retrograde.diffrax.CheckpointAdjoint()`` as ``diffeqsolve``'s default adjoint. Each suite runs
 with its own pytest configuration (jax: warnings are errors; diffrax: jaxtyping's runtime type
 checking of diffrax, x64, strict dtype promotion, rank promotion raising). Nothing of either

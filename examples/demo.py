@@ -32,7 +32,12 @@ import retrograde  # noqa: E402
 import retrograde.host as rh  # noqa: E402
 from retrograde.planner import plot_schedule  # noqa: E402
 from retrograde.schedules import (  # noqa: E402
-    Level, MultiLevel, Online, Revolve, revolve_optimum, simulate,
+    Level,
+    MultiLevel,
+    Online,
+    Revolve,
+    revolve_optimum,
+    simulate,
 )
 
 T_START = time.perf_counter()

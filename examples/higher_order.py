@@ -39,7 +39,7 @@ theta, p = 1.3, 0.1 * jnp.cos(jnp.arange(4.0))  # p: 4 parameters, tiled over th
 
 
 def derivatives(n, scan):
-    f = lambda th, p: loss(th, p, n, scan)  # noqa: E731
+    f = lambda th, p: loss(th, p, n, scan)
     return {
         # the 4x4 Hessian w.r.t. p (jax.hessian: forward over reverse), shown as its trace
         "hessian (trace)": lambda th, p: jnp.trace(jax.hessian(f, argnums=1)(th, p)),

@@ -31,7 +31,7 @@ import retrograde.pyadjoint as rp
 from retrograde.schedules import Revolve, simulate
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pyadjoint_vec import Vec, evolve, inner, matvec  # noqa: E402
+from pyadjoint_vec import Vec, evolve, inner, matvec
 
 K, N, DT, D = 24, 50, 5e-4, 5
 H_R, H_U = 100.0, 1.0  # Taylor test directions (pyadjoint perturbs by 0.01 h ... 0.00125 h)

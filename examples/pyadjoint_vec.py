@@ -31,7 +31,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from pyadjoint import AdjFloat, Block, OverloadedType, annotate_tape, get_working_tape
-
 from pyadjoint.tape import TapePackageData, stop_annotating
 
 __all__ = ["Vec", "evolve", "inner", "matvec", "DiskPackage", "DelegatedCheckpoint", "FileCheckpoint",

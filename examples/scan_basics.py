@@ -34,7 +34,8 @@ theta = 1.2
 u0 = jnp.linspace(-1.0, 1.0, C)
 xs = jnp.sin(jnp.linspace(0.0, 20.0, N))
 
-# 1. Same value as lax.scan; the default schedule is Revolve(~sqrt(2N)) (retrograde.default_schedule).
+# 1. Same value as lax.scan; the default schedule is Revolve(~sqrt(2N))
+#    (retrograde.default_schedule).
 print("default schedule for N = 2000:", retrograde.default_schedule(N))
 v_lax = simulate_loop(theta, u0, xs, scan=jax.lax.scan)
 v_ret = simulate_loop(theta, u0, xs)
@@ -58,7 +59,7 @@ for schedule in [Revolve(10), Periodic(50), StoreAll(), RecomputeAll()]:
     err = max(abs(float(g[0] - ref[0])) / abs(float(ref[0])),
               float(jnp.max(jnp.abs(g[1] - ref[1])) / jnp.max(jnp.abs(ref[1]))))
     st = simulate(schedule, n)
-    print(f"  {str(schedule):<34} N={n:<5} slots {st.peak_slots[0]:>5}, "
+    print(f"  {schedule!s:<34} N={n:<5} slots {st.peak_slots[0]:>5}, "
           f"evaluations {st.plain + st.recorded:>7,}, rel. error vs lax.scan {err:.1e}")
 
 # 3. Forward mode and batching compose with the checkpointed loop.

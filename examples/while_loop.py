@@ -53,7 +53,7 @@ def integrate(params, y0, schedule=Online(8)):
 
     init = (jnp.float64(0.0), jnp.float64(0.01), y0, jnp.int32(0), jnp.int32(0),
             jnp.zeros(MAX_STEPS))
-    t, h, y, n, it, trace = retrograde.while_loop(
+    _t, _h, y, n, it, trace = retrograde.while_loop(
         cond, body, init, schedule=schedule, max_steps=MAX_STEPS,
         buffers=lambda val: val[5],  # the trace is stored once, not in every snapshot
     )

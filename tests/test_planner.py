@@ -319,7 +319,7 @@ def test_plot_schedule_api(tmp_path):
 
 def test_plot_large_n_uses_segments(tmp_path):
     # Long schedules draw fast because the advances are one LineCollection.
-    fig, stats = plot_schedule(Revolve(10), 2500, tmp_path / "big.png")
+    fig, _stats = plot_schedule(Revolve(10), 2500, tmp_path / "big.png")
     ax = fig.axes[0]
     assert len(ax.collections) >= 1
     assert len(ax.lines) <= 3  # recorded line plus one store series per level

@@ -11,8 +11,8 @@ exactly ``N`` of them. Storing every state costs ``N - 1`` plain plus ``N`` reco
 holds one state; the slot holding the initial state counts.
 
 Pure Python: no JAX is imported. Counts come from closed forms for ``StoreAll``, ``Revolve``,
-``Periodic`` and ``RecomputeAll`` (instant for any ``N``) and from :func:`~retrograde.schedules.simulate`
-for the other schedules.
+``Periodic`` and ``RecomputeAll`` (instant for any ``N``) and from
+:func:`~retrograde.schedules.simulate` for the other schedules.
 
 Example:
     >>> from retrograde.planner import plan
@@ -29,8 +29,18 @@ import re
 from collections.abc import Sequence
 
 from .schedules import (
-    Level, MultiLevel, Online, Periodic, RecomputeAll, Revolve, Schedule, StoreAll,
-    check_snapshots, check_steps, revolve_optimum, simulate,
+    Level,
+    MultiLevel,
+    Online,
+    Periodic,
+    RecomputeAll,
+    Revolve,
+    Schedule,
+    StoreAll,
+    check_snapshots,
+    check_steps,
+    revolve_optimum,
+    simulate,
 )
 
 __all__ = ["Row", "plan", "plan_with_notes", "parse_size", "format_size", "format_table", "plot_schedule"]

@@ -5,9 +5,10 @@ Values against ``RecursiveCheckpointAdjoint``, derivatives against ``DirectAdjoi
 relative error <= 1e-10): events with a root finder, an SDE on a ``VirtualBrownianTree`` (a
 Runge-Kutta and an SRK solver, gradient and ``jax.jvp``), ``SaveAt(dense=True)``, ``SubSaveAt``,
 a progress meter under ``jax.grad``, ``vmap`` of ``SaveAt(ts=...)`` solves, ``max_steps=None``,
-and the dtypes of ``Solution``. ``test_runtime_type_checking`` runs in a fresh interpreter with diffrax imported
-under jaxtyping's import hook (beartype), x64, ``jax_numpy_rank_promotion="raise"`` and
-``jax_numpy_dtype_promotion="strict"``: the configuration diffrax's suite runs in.
+and the dtypes of ``Solution``. ``test_runtime_type_checking`` runs in a fresh interpreter with
+diffrax imported under jaxtyping's import hook (beartype), x64,
+``jax_numpy_rank_promotion="raise"`` and ``jax_numpy_dtype_promotion="strict"``: the
+configuration diffrax's suite runs in.
 """
 
 from __future__ import annotations

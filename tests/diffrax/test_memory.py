@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import diffrax
 import pytest
+
 from retrograde.schedules import Online
 
 from ._diffrax_problems import checkpoint_adjoint, second_order_temp_bytes

@@ -45,7 +45,7 @@ def test_values_and_first_order():
 @pytest.mark.parametrize("order", [1, 2, 3])
 def test_derivatives_match_scatter(order):
     def nth(write):
-        f = lambda x: loss(write, x)  # noqa: E731
+        f = lambda x: loss(write, x)
         for _ in range(order):
             f = jax.grad(f)
         return f(0.3)

@@ -48,7 +48,7 @@ FINAL = rh.Final(lambda n, u, a: 0.5 * np.sum(u**2), grad=lambda n, u, a: (u, 0.
 RUNNING = rh.Running(lambda n, u, a: 0.5 * np.sum(u**2), grad=lambda n, u, a: (u, 0.0))
 
 
-def _J(a, terms, u0=np.ones(4), w=None):
+def _J(a, terms, u0=np.ones(4), w=None):  # noqa: B008 - read only (copied below)
     u, J = u0.copy(), 0.0
     for n in range(N10):
         u = _fwd(n, u, a)

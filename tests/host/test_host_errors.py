@@ -57,7 +57,7 @@ def test_step_outputs_are_checked():
         _run(vjp=lambda n, u, a, b: (b.astype(np.float32), 0.0))
     # params_bar: structure, and shape of one leaf
     params = {"a": np.float64(1.5), "w": np.ones(3)}
-    fwd = lambda n, u, p: _fwd(n, u, p["a"])  # noqa: E731
+    fwd = lambda n, u, p: _fwd(n, u, p["a"])
     with _raises(TypeError, "Step.vjp at step 5", "params_bar with the structure",
                  "structure of the params"):
         _run(forward=fwd, vjp=lambda n, u, p, b: (b, {"a": 0.0}), params=params)
@@ -66,7 +66,7 @@ def test_step_outputs_are_checked():
         _run(forward=fwd, vjp=lambda n, u, p, b: (b, {"a": 0.0, "w": np.ones(2)}),
              params=params)
     # plain zeros for leaves and subtrees stay allowed
-    J, g = _run(forward=fwd, vjp=lambda n, u, p, b: (b, {"a": 0.0, "w": 0.0}), params=params)
+    _J, g = _run(forward=fwd, vjp=lambda n, u, p, b: (b, {"a": 0.0, "w": 0.0}), params=params)
     assert np.all(g.params["w"] == 0)
 
 

@@ -61,7 +61,7 @@ def hvp_reference():
     rng = np.random.default_rng(7)
     pd = {"a": rng.standard_normal(P.M), "c": np.float64(rng.standard_normal())}
     sd = {"u": rng.standard_normal(P.M), "memo": np.zeros(P.M)}
-    f = lambda q, s: P.jax_reference_J(q, s, N)  # noqa: E731
+    f = lambda q, s: P.jax_reference_J(q, s, N)
     g_ref = jax.grad(f, argnums=(0, 1))
     J, (gp, gs), (hp, hs) = jax.jit(
         lambda p, s0, pd, sd: (f(p, s0), *jax.jvp(g_ref, (p, s0), (pd, sd))))(p, s0, pd, sd)
@@ -194,7 +194,7 @@ def test_online_until(tmp_path):
     loss = rh.Final(lambda n, s, p: jnp.sum(s["u"] ** 3))
     s0 = {"t": np.float64(0.0), "u": np.linspace(0.1, 0.4, 3)}
     p = {"dt": np.float64(0.05), "w": np.float64(1.3)}
-    until = lambda n, s: s["t"] >= 1.0  # noqa: E731
+    until = lambda n, s: s["t"] >= 1.0
     for storage in (rh.Memory(), rh.Disk(tmp_path)):
         with rh.forward(step, s0, p, None, until=until, schedule=sched, loss=loss,
                         storage=storage) as fp:

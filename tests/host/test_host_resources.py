@@ -170,7 +170,7 @@ def _gradient_peak(schedule, storage):
     try:
         base = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
-        J, g = rh.value_and_grad(step, loss, u0, q, 40, schedule=schedule, storage=storage)
+        _J, g = rh.value_and_grad(step, loss, u0, q, 40, schedule=schedule, storage=storage)
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()

@@ -132,7 +132,7 @@ def test_a_python_handler_that_returns_lets_the_run_go_on(tmp_path):
     try:
         step = rh.Step(fwd, lambda n, u, a, b: (b * a, float(np.sum(b * u))))
         loss = rh.Final(lambda n, u, a: float(np.sum(u)), grad=lambda n, u, a: (np.ones(2), 0.0))
-        J, g = rh.value_and_grad(step, loss, np.ones(2), 1.1, 6, schedule=rs.Revolve(2),
+        J, _g = rh.value_and_grad(step, loss, np.ones(2), 1.1, 6, schedule=rs.Revolve(2),
                                  storage=rh.Disk(tmp_path))
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -185,7 +185,7 @@ def test_a_forked_child_leaves_the_parents_snapshots_alone(tmp_path):
 
     step = rh.Step(fwd, lambda n, u, a, b: (b * a, float(np.sum(b * u))))
     loss = rh.Final(lambda n, u, a: float(np.sum(u)), grad=lambda n, u, a: (np.ones(2), 0.0))
-    J, g = rh.value_and_grad(step, loss, np.ones(2), 1.1, 6, schedule=rs.Revolve(2),
+    _J, g = rh.value_and_grad(step, loss, np.ones(2), 1.1, 6, schedule=rs.Revolve(2),
                              storage=rh.Disk(tmp_path))
     assert os.WIFSIGNALED(status[0]) and os.WTERMSIG(status[0]) == signal.SIGTERM
     assert os.WIFEXITED(status[1])

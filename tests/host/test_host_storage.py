@@ -185,7 +185,7 @@ def test_unchanged_leaves_are_stored_once(kind, tmp_path):
             size = sum(f.stat().st_size for f in tmp_path.rglob("*.snap"))
             assert size == store.nbytes
         g = fp.vjp()
-    J2, g2 = rh.value_and_grad(step, loss, s0, 0.5, 30, schedule=rs.Revolve(3))
+    _J2, g2 = rh.value_and_grad(step, loss, s0, 0.5, 30, schedule=rs.Revolve(3))
     np.testing.assert_allclose(g.params, g2.params, rtol=1e-13)
     np.testing.assert_allclose(g.state0["table"], g2.state0["table"])
     assert g.state0["table"][0] == 1.0
@@ -325,7 +325,7 @@ def test_argument_errors(tmp_path):
         fp.vjp({"u": np.ones(P.M), "memo": np.ones(P.M)})
     assert fp.closed
     fp.close()  # idempotent
-    with pytest.raises(ValueError, match="directory|Disk"):
+    with pytest.raises(ValueError, match=r"directory|Disk"):
         rh.Disk(tmp_path, rank=-1)
 
 

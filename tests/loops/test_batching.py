@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import retrograde
-from retrograde.schedules import Online, Revolve
+from retrograde.schedules import Revolve
 
 from ._problems import assert_close
 

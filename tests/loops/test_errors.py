@@ -68,7 +68,7 @@ def test_bad_length(length):
     ids=lambda s: type(s).__name__,
 )
 def test_online_schedule_is_rejected(schedule):
-    with pytest.raises(ValueError, match="online schedule.*offline schedule"):
+    with pytest.raises(ValueError, match=r"online schedule.*offline schedule"):
         retrograde.scan(_step, jnp.ones(2), length=3, schedule=schedule)
     with pytest.raises(ValueError, match="offline schedule"):
         retrograde.fori_loop(0, 3, lambda i, v: v, jnp.ones(2), schedule=schedule)

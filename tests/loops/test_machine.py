@@ -16,16 +16,32 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-from retrograde.loops import _machine as M
 from retrograde.loops import _binomial as B
+from retrograde.loops import _machine as M
 from retrograde.loops._binomial import COST_CAP, _optimum_table, optimum
-from retrograde.loops._sources import RowSource
 from retrograde.loops._placement import store_slot
+from retrograde.loops._sources import RowSource
 from retrograde.loops._tables import tables_for
 from retrograde.schedules import (
-    largest_split, online_decisions, online_store_slot,
-    Advance, End, Free, Level, Online, Periodic, RecomputeAll, Record, Restore, Revolve,
-    StoreAll, Store, default_schedule, execute, revolve_optimum, simulate,
+    Advance,
+    End,
+    Free,
+    Level,
+    Online,
+    Periodic,
+    RecomputeAll,
+    Record,
+    Restore,
+    Revolve,
+    Store,
+    StoreAll,
+    default_schedule,
+    execute,
+    largest_split,
+    online_decisions,
+    online_store_slot,
+    revolve_optimum,
+    simulate,
 )
 
 CAPACITY = 3000

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import itertools
 import os
 import subprocess
 import sys
@@ -23,7 +24,6 @@ import pytest
 
 import retrograde
 from retrograde import schedules as rs
-from retrograde.host import SnapshotError
 from retrograde.loops import _offload, offload_stats, release_offloaded
 from retrograde.schedules import Level, MultiLevel, Online
 
@@ -292,7 +292,7 @@ def test_two_level_online_schedule(d, h):
         for i in range(n):
             run.on_step(i)
         held = sorted(p for p in run._held if p >= 0) + [n]
-        lengths = [b - a for a, b in zip(held, held[1:])]
+        lengths = [b - a for a, b in itertools.pairwise(held)]
         assert st.plain == n + sum(_t(length, d) for length in lengths)
         assert st.reads[1] == len(lengths) and st.peak_slots[1] <= h
         if n:
@@ -403,7 +403,8 @@ def test_keyboard_interrupt_leaves_no_file(tmp_path):
         jax.config.update("jax_enable_x64", True)
         import retrograde
         from retrograde.schedules import Level, MultiLevel
-        sched = MultiLevel([Level(2), Level(None, 2, 2, storage="disk", directory={str(tmp_path)!r})])
+        sched = MultiLevel([Level(2),
+                            Level(None, 2, 2, storage="disk", directory={str(tmp_path)!r})])
         n = [0]
         def tick():
             n[0] += 1
@@ -512,7 +513,8 @@ def _rss_script(directory, slots):
         jax.block_until_ready(c(0.5, u0))
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         st = retrograde.loops.offload_stats()
-        print(base, peak, st.writes.get(1, 0), max(st.bytes_written.values()) // max(st.writes[1], 1))
+        print(base, peak, st.writes.get(1, 0),
+              max(st.bytes_written.values()) // max(st.writes[1], 1))
     """)
 
 

@@ -540,7 +540,7 @@ def test_fori_float_bounds():
     """Floating-point bounds as in ``jax.lax.fori_loop``: truncated when concrete (``i`` an int),
     a floating-point counter when traced (values and ``jvp`` as lax's; ``grad`` equals the
     ``jvp``, which lax's while_loop cannot reverse)."""
-    body = lambda i, c: c * jnp.sin(i) + 0.1 * c**2  # noqa: E731
+    body = lambda i, c: c * jnp.sin(i) + 0.1 * c**2
     with jax.enable_x64(True):
         for lo, hi in [(0.5, 3.7), (jnp.float64(1.0), jnp.float64(4.5))]:
             P.assert_close(retrograde.fori_loop(lo, hi, body, 1.0),
@@ -568,7 +568,7 @@ def test_fori_traced_bounds_strict_derivatives(mode):
     _check_fori_traced(mode, derivatives=True)
 
 
-# ----------------------------------------------------------------------------- leaves without tangent
+# --------------------------------------------------------------------------- leaves without tangent
 
 
 @jax.custom_jvp

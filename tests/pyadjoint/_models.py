@@ -10,7 +10,7 @@ import pyadjoint as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
-from pyadjoint_vec import RECOMPUTES, DiskPackage, Vec, evolve, inner, matvec  # noqa: E402
+from pyadjoint_vec import RECOMPUTES, DiskPackage, Vec, evolve, inner, matvec
 
 __all__ = ["RECOMPUTES", "DiskPackage", "Vec", "adjfloat_loop", "vec_loop", "Derivatives",
            "derivatives", "finite_differences"]

@@ -9,6 +9,7 @@ whose adjoint reads its output and a parameter changed mid-run).
 from __future__ import annotations
 
 import gc
+import itertools
 import tracemalloc
 
 import numpy as np
@@ -18,12 +19,27 @@ from checkpoint_schedules import Revolve as PyadjointRevolve
 
 import retrograde.pyadjoint as rp
 from retrograde.schedules import (
-    Level, MultiLevel, Online, RecomputeAll, Revolve, StoreAll, simulate,
+    Level,
+    MultiLevel,
+    Online,
+    RecomputeAll,
+    Revolve,
+    StoreAll,
+    simulate,
 )
 
 from ._models import (
-    RECOMPUTES, A, DiskPackage, Vec, adjfloat_loop, derivatives, evolve, finite_differences,
-    inner, matvec, vec_loop,
+    RECOMPUTES,
+    A,
+    DiskPackage,
+    Vec,
+    adjfloat_loop,
+    derivatives,
+    evolve,
+    finite_differences,
+    inner,
+    matvec,
+    vec_loop,
 )
 
 pa.continue_annotation()
@@ -105,7 +121,7 @@ def test_package_disk_checkpointing(tmp_path):
     assert package.files > 0
     calls = [c for c in package.calls if c in ("continue", "pause")]
     assert calls[0] == "pause" and "continue" in calls
-    for a, b in zip(calls, calls[1:]):
+    for a, b in itertools.pairwise(calls):
         assert not (a == "continue" and b == "continue")
 
 

@@ -18,12 +18,12 @@ from retrograde.schedules import (
     Restore,
     Revolve,
     Store,
+    _multilevel,
     execute,
     repetition_number,
     revolve_optimum,
     simulate,
 )
-from retrograde.schedules import _multilevel
 from retrograde.schedules._multilevel import _mem, _revolve_stores
 
 
@@ -215,7 +215,7 @@ def exhaustive_k(levels, n, uf=1.0):
     w = [lvl.write_cost for lvl in levels]
     r = [lvl.read_cost for lvl in levels]
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def g(m, free, loc):
         if m == 1:
             return 0.0
@@ -306,7 +306,7 @@ def test_bad_arguments():
         MultiLevel([])
     with pytest.raises(ValueError, match="levels"):
         MultiLevel()
-    with pytest.raises(ValueError, match="levels.*unlimited"):
+    with pytest.raises(ValueError, match=r"levels.*unlimited"):
         MultiLevel([Level(None), Level(4)])
     with pytest.raises(ValueError, match="slots"):
         Level(0)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from math import comb
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from math import comb
 
 from retrograde.schedules import (
     End,

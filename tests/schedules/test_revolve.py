@@ -128,7 +128,7 @@ def _stream_peak(n: int, s: int) -> int:
     try:
         last = None
         count = 0
-        for last in Revolve(s).actions(n):
+        for last in Revolve(s).actions(n):  # noqa: B007 - the last action, checked below
             count += 1
         _, peak = tracemalloc.get_traced_memory()
     finally:

@@ -26,7 +26,7 @@ import weakref
 
 import numpy as np
 
-from ._base import SnapshotError, Snapshot, Store, digest
+from ._base import Snapshot, SnapshotError, Store, digest
 from ._cleanup import make_private_dir, remove_dir
 
 __all__ = ["FileStore"]

@@ -120,10 +120,10 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
     Args:
         schedule: the ``retrograde.while_loop`` schedule. ``Online(s)`` keeps ``s`` snapshots
             of the solver state (save buffers are stored once, not in snapshots), placed as steps
-            arrive. Default: ``retrograde.schedules.default_schedule(max_steps, online=True)`` -- ``Online(s)`` with
-            ``(s + 1)(s + 2) / 2 >= max_steps``, the memory and recomputation of
-            ``RecursiveCheckpointAdjoint``'s default (``Online(16)`` if ``max_steps=None``).
-            Pass e.g. ``Online(16)`` for less memory (more recomputation).
+            arrive. Default: ``retrograde.schedules.default_schedule(max_steps, online=True)``
+            -- ``Online(s)`` with ``(s + 1)(s + 2) / 2 >= max_steps``, the memory and
+            recomputation of ``RecursiveCheckpointAdjoint``'s default (``Online(16)`` if
+            ``max_steps=None``). Pass e.g. ``Online(16)`` for less memory (more recomputation).
 
     ``diffeqsolve(..., max_steps=None)`` is differentiable too (``RecursiveCheckpointAdjoint``
     then is not): memory never depends on ``max_steps``. Runge-Kutta stage loops run as bounded
@@ -171,7 +171,7 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
         fast_solver = None
         if kinds is not None:
             general, fast = kinds
-            kind = lambda s: _unwrapped(s).scan_kind  # noqa: E731
+            kind = lambda s: _unwrapped(s).scan_kind
             fast_solver = eqx.tree_at(kind, solver, fast, is_leaf=_is_none)
             solver = eqx.tree_at(kind, solver, general, is_leaf=_is_none)
         kwargs["progress_meter"] = _Undifferentiated(kwargs["progress_meter"])
@@ -245,7 +245,7 @@ def _stage_kinds(solver) -> tuple[str, str] | None:
 def _is_unsafe_sde(terms) -> bool:
     """Whether ``terms`` contain a ``diffrax.UnsafeBrownianPath`` (whose samples a recomputed
     step would not reproduce)."""
-    is_unsafe = lambda x: isinstance(x, diffrax.UnsafeBrownianPath)  # noqa: E731
+    is_unsafe = lambda x: isinstance(x, diffrax.UnsafeBrownianPath)
     return any(is_unsafe(x) for x in jtu.tree_leaves(terms, is_leaf=is_unsafe))
 
 

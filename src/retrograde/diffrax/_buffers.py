@@ -22,6 +22,7 @@ import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+
 from ._private import Buffer
 from ._write_once import write_once
 

@@ -16,10 +16,10 @@ Example:
     >>> J, g = rh.value_and_grad(step, loss, np.ones(4), 1.5, 1000, schedule=Revolve(10))
 """
 
+from .._store import Disk, Memory, SnapshotError, StaleDir, Storage, remove_stale
 from ._api import HessianProduct, Tangents, forward, hvp, jvp, value_and_grad
 from ._driver import PROGRESS_THRESHOLD, Counts, ForwardPass, Grads
 from ._step import Final, Running, Step
-from .._store import Disk, Memory, SnapshotError, StaleDir, Storage, remove_stale
 
 __all__ = [
     "Step", "Running", "Final",

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from .._store import MemoryStore, SnapshotError, Store
 from ..schedules import (
     Advance,
     End,
@@ -43,11 +44,10 @@ from ..schedules import (
     Schedule,
     ScheduleError,
     Simulator,
-    Store,
     check_steps,
 )
+from ..schedules import Store as StoreAction  # the action; Store is the snapshot store
 from ._step import LossImpl, StepImpl
-from .._store import MemoryStore, SnapshotError, Store
 from ._storage import resolve_storage
 from ._trees import TreeSpec, accumulate, dtype_of, private, readonly
 
@@ -237,7 +237,7 @@ class ForwardPass:
         for store in [*self._stores, self._hand_store]:
             try:
                 store.close()
-            except Exception as e:  # keep closing the others
+            except Exception as e:  # noqa: BLE001 - keep closing the others; raised below
                 errors.append(e)
         self._persistent.clear()
         self._final_grad = None
@@ -405,7 +405,7 @@ class ForwardPass:
                 self._prefix_len = None
                 try:
                     self._online_saved = copy.deepcopy(run)
-                except Exception:  # not copyable: later vjp calls replay the run instead
+                except Exception:  # noqa: BLE001 - not copyable: later vjp calls replay the run
                     self._online_saved = None
             else:
                 N = n_steps
@@ -600,7 +600,7 @@ class _Sweep(Executor):
         for n in range(start, stop):
             self.state = self.fp._plain(n, self.state)
 
-    def store(self, a: Store):
+    def store(self, a: StoreAction):
         step, slot, level = a
         store = self.fp._stores[level]
         snap = store.put(step, tree_util.tree_leaves(self.state), self.fp._sspec.treedef)
@@ -609,14 +609,14 @@ class _Sweep(Executor):
             self.temp.add(snap)
 
     def restore(self, a: Restore):
-        step, slot, level = a
+        _step, slot, level = a
         snap = self.slots[(level, slot)]
         self.state = None  # release the state at hand before reading
         take = self._releases(snap) and _last_read(a, self.ahead)
         self.state = tree_util.tree_unflatten(snap.treedef, snap.store.get(snap, take=take))
 
     def free(self, a: Free):
-        step, slot, level = a
+        _step, slot, level = a
         snap = self.slots.pop((level, slot))
         if self._releases(snap):
             if self.temp is not None:

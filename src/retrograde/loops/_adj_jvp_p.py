@@ -21,8 +21,20 @@ from . import _batch_levels
 from ._adj_p import AdjArgs, adj_dce, adj_out_avals, adj_p, adjoint_tangent
 from ._body import Body, cut, is_float
 from ._primitives import (
-    LoopPlan, abstract_eval, check_unbatched_steps, expand, flat, floats_of, full_from_floats,
-    full_mask, instantiate, lowering, nonzero, pick, xs_avals, ys_avals,
+    LoopPlan,
+    abstract_eval,
+    check_unbatched_steps,
+    expand,
+    flat,
+    floats_of,
+    full_from_floats,
+    full_mask,
+    instantiate,
+    lowering,
+    nonzero,
+    pick,
+    xs_avals,
+    ys_avals,
 )
 
 adj_jvp_p = Primitive("retrograde_adjoint_jvp")

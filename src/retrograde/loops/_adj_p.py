@@ -18,9 +18,24 @@ from jax.extend.core import Primitive
 from . import _batch_levels
 from ._body import Body, cut, is_float, jvp_body
 from ._primitives import (
-    LoopPlan, abstract_eval, check_unbatched_steps, expand, flat, floats_of, full_from_floats,
-    full_mask, instantiate, lowering, n_float, nonzero, pick, split_groups, undefined, xs_avals,
-    ys_avals, zero,
+    LoopPlan,
+    abstract_eval,
+    check_unbatched_steps,
+    expand,
+    flat,
+    floats_of,
+    full_from_floats,
+    full_mask,
+    instantiate,
+    lowering,
+    n_float,
+    nonzero,
+    pick,
+    split_groups,
+    undefined,
+    xs_avals,
+    ys_avals,
+    zero,
 )
 from ._reverse_sweep import adjoint, adjoint_while
 from ._tan_p import apply_tangent

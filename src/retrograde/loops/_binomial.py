@@ -40,7 +40,7 @@ def repetition(n, s):
     """r(n, s): the smallest r with beta(s, r) >= n; and beta(s, r)."""
 
     def cond(st):
-        r, b = st
+        _r, b = st
         return b < n
 
     def body(st):

@@ -18,8 +18,16 @@ from ._body import Body, cut
 from ._forward_sweep import forward
 from ._offload import Offload, release_with, unread_snapshots_dce
 from ._primitives import (
-    LoopPlan, abstract_eval, batch_axes, batched, carry_fixpoint, lowering, pick, split_groups,
-    ys_avals, zero,
+    LoopPlan,
+    abstract_eval,
+    batch_axes,
+    batched,
+    carry_fixpoint,
+    lowering,
+    pick,
+    split_groups,
+    ys_avals,
+    zero,
 )
 from ._tan_p import apply_tangent
 

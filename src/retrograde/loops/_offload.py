@@ -427,7 +427,7 @@ def _put_batched(data, args, dims, *, layout):
     values, tags = args[3 : 3 + n], args[3 + n :]
     dv, dt = dims[3 : 3 + n], dims[3 + n :]
     out = []
-    for v, d, t, e in zip(values, dv, tags, dt):
+    for v, d, _t, e in zip(values, dv, tags, dt):
         if d is not None and e is None:
             v = lax.index_in_dim(v, 0, d, keepdims=False)
         elif d is None and e is not None:

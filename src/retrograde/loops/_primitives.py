@@ -66,7 +66,6 @@ from ._body import Body, cut, is_float
 from ._offload import Layout, stored_effects, two_level
 from ._tables import tables_for
 
-
 # ----------------------------------------------------------------------------- static parameters
 
 

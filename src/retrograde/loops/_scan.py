@@ -15,8 +15,21 @@ from jax._src import core
 from ..schedules import Online, Schedule, check_steps, default_schedule
 from ._body import Body, forward_unchanged, make_body
 from ._carry import (
-    Names, aval_of, cached_wrapper, carry_label, check_pair, check_static_int, check_structure,
-    check_types, check_unroll, convert, leaf_array, leaf_paths, sds, step_cache, trace_carry,
+    Names,
+    aval_of,
+    cached_wrapper,
+    carry_label,
+    check_pair,
+    check_static_int,
+    check_structure,
+    check_types,
+    check_unroll,
+    convert,
+    leaf_array,
+    leaf_paths,
+    sds,
+    step_cache,
+    trace_carry,
     with_weak_types,
 )
 from ._fwd_p import forward_loop

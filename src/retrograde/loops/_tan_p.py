@@ -19,9 +19,24 @@ from ._body import Body, cut, jvp_body
 from ._forward_sweep import advance_steps, forward
 from ._offload import Offload, stored_effects
 from ._primitives import (
-    LoopPlan, batch_axes, carry_fixpoint, check_unbatched_steps, expand, flat, floats_of,
-    full_from_floats, instantiate, lowering, nonzero, pick, split_groups, timed, undefined,
-    xs_avals, ys_avals, zero,
+    LoopPlan,
+    batch_axes,
+    carry_fixpoint,
+    check_unbatched_steps,
+    expand,
+    flat,
+    floats_of,
+    full_from_floats,
+    instantiate,
+    lowering,
+    nonzero,
+    pick,
+    split_groups,
+    timed,
+    undefined,
+    xs_avals,
+    ys_avals,
+    zero,
 )
 from ._slots import zeros_after
 

@@ -33,8 +33,18 @@ from ..schedules import Online, Schedule, check_steps
 from . import _batch_levels
 from ._body import Body, cut, forward_unchanged, guarded, make_body
 from ._carry import (
-    Names, aval_of, carry_label, check_structure, check_types, convert, leaf_array, leaf_paths, sds,
-    step_cache, trace_carry, with_weak_types,
+    Names,
+    aval_of,
+    carry_label,
+    check_structure,
+    check_types,
+    convert,
+    leaf_array,
+    leaf_paths,
+    sds,
+    step_cache,
+    trace_carry,
+    with_weak_types,
 )
 from ._forward_sweep import forward_while
 from ._offload import release_with, stored_effects, unread_snapshots_dce

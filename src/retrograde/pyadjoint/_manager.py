@@ -38,15 +38,30 @@ from __future__ import annotations
 import bisect
 import collections
 import copy
-import itertools
 import dataclasses
+import itertools
 from collections.abc import Iterable, Iterator
 
 from pyadjoint.tape import stop_annotating
 
 from ..schedules import (
-    Advance, End, Executor, Free, Online, OfflineSchedule, OnlineSchedule, RecomputeAll, Record,
-    Restore, Revolve, Schedule, ScheduleError, Simulator, StoreAll, Store, check_steps,
+    Advance,
+    End,
+    Executor,
+    Free,
+    OfflineSchedule,
+    Online,
+    OnlineSchedule,
+    RecomputeAll,
+    Record,
+    Restore,
+    Revolve,
+    Schedule,
+    ScheduleError,
+    Simulator,
+    Store,
+    StoreAll,
+    check_steps,
 )
 from ._graph import TapeGraph
 from ._guard import GuardedBlockVariable, MissingValueError, describe, guard

@@ -28,7 +28,7 @@ compiled loops' row tables) is an :class:`Executor`: one method per action kind,
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import NamedTuple, Union
+from typing import ClassVar, NamedTuple
 
 __all__ = [
     "Advance", "Store", "Restore", "Free", "Record", "End", "Action", "ScheduleError",
@@ -103,7 +103,7 @@ class End(NamedTuple):
     """
 
 
-Action = Union[Advance, Store, Restore, Free, Record, End]
+Action = Advance | Store | Restore | Free | Record | End
 
 
 class ScheduleError(RuntimeError):
@@ -146,7 +146,7 @@ class Executor:
 
     #: Whether ``End`` was executed.
     ended: bool = False
-    _kinds: dict = {}
+    _kinds: ClassVar[dict] = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

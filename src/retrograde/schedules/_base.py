@@ -120,7 +120,7 @@ def check_snapshots(snapshots: int, name: str = "snapshots") -> int:
     return snapshots
 
 
-class Schedule(abc.ABC):
+class Schedule(abc.ABC):  # noqa: B024 - abstract through OfflineSchedule and OnlineSchedule
     """Base class of every checkpointing schedule.
 
     A schedule is an immutable description; executing it is the business of an executor (the

@@ -195,12 +195,12 @@ class _Solution:
 def _revolve_stores(n_max: int, s0: int) -> np.ndarray:
     """Stores (after the first) that :func:`_mem` emits for ``n = 0..n_max`` steps.
 
-    Revolve's ``reverse_segment(n, s)`` stores ``W_s(n) = 1 + W_{s-1}(n - j) + W_s(j)`` states (``j`` its
-    split; ``W_1 = 0``; ``W_s(n) = n - 1`` when ``s >= n``), ``P_s(n)`` of them (splits with
-    ``n - j = 1``) right before recording them; :func:`_mem` drops those, so this is ``W - P``.
-    In the band ``beta(s, r-1) < n <= beta(s, r)`` the split is ``j = max(1, beta(s, r-2),
-    n - beta(s-1, r))``, which lies in an earlier band, so each band is one vectorised step:
-    ``O(s0 log n_max)`` numpy operations.
+    Revolve's ``reverse_segment(n, s)`` stores ``W_s(n) = 1 + W_{s-1}(n - j) + W_s(j)`` states
+    (``j`` its split; ``W_1 = 0``; ``W_s(n) = n - 1`` when ``s >= n``), ``P_s(n)`` of them
+    (splits with ``n - j = 1``) right before recording them; :func:`_mem` drops those, so this is
+    ``W - P``. In the band ``beta(s, r-1) < n <= beta(s, r)`` the split is
+    ``j = max(1, beta(s, r-2), n - beta(s-1, r))``, which lies in an earlier band, so each band is
+    one vectorised step: ``O(s0 log n_max)`` numpy operations.
     """
     steps = np.arange(n_max + 1)
     w_below = np.zeros(n_max + 1, dtype=np.int64)  # s = 1: no stores
