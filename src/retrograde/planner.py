@@ -289,10 +289,10 @@ def _row_from_stats(name, schedule, stats, disk_write_cost, disk_read_cost) -> d
 
 def _multilevel(slots: int, disk_slots: int | None, write: float, read: float) -> MultiLevel:
     """Memory (``slots``) plus disk (``disk_slots``, ``None`` for unlimited)."""
-    return MultiLevel([
+    return MultiLevel((
         Level(slots, name="memory"),
         Level(disk_slots, write_cost=write, read_cost=read, name="disk", storage="disk"),
-    ])
+    ))
 
 
 #: Default cost of moving one state to or from host RAM, in step evaluations.
@@ -314,8 +314,8 @@ def _level_slots(budget, name: str, size, state_size) -> int:
     return slots
 
 
-def _offload_row(n: int, slots: int, host_slots: int, host: tuple, disk_slots: int,
-                 disk: tuple) -> dict:
+def _offload_row(n: int, slots: int, host_slots: int, host: tuple[float, float],
+                 disk_slots: int, disk: tuple[float, float]) -> dict:
     """The ``MultiLevel`` row over a device level, a host level and (with ``disk_slots``) a disk
     level. An unlimited disk is planned first: when its peak fits, it is at least as cheap."""
     levels = [Level(slots, name="device"),
@@ -323,7 +323,7 @@ def _offload_row(n: int, slots: int, host_slots: int, host: tuple, disk_slots: i
     best = None
     for limit in ((None, disk_slots) if disk_slots else (0,)):
         extra = [Level(limit, *disk, name="disk", storage="disk")] if limit != 0 else []
-        schedule = MultiLevel(levels + extra)
+        schedule = MultiLevel((*levels, *extra))
         stats = simulate(schedule, n)
         fits = not extra or stats.peak_slots[2] <= disk_slots
         if fits and (best is None or stats.cost < best[1].cost):

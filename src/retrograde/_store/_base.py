@@ -25,7 +25,7 @@ def digest(arr: np.ndarray) -> bytes:
     and verified on every read."""
     h = hashlib.blake2b(digest_size=16)
     if arr.size:
-        h.update(memoryview(np.ascontiguousarray(arr.reshape(-1)).view(np.uint8)))
+        h.update(np.ascontiguousarray(arr.reshape(-1)).view(np.uint8).data)
     return h.digest()
 
 

@@ -23,6 +23,7 @@ import itertools
 import os
 import tempfile
 import weakref
+from typing import IO
 
 import numpy as np
 
@@ -59,7 +60,7 @@ class _FileLeaf:
 
 def _write_array(fd: int, a: np.ndarray, offset: int) -> None:
     """All of ``a``'s bytes (C-contiguous) to ``fd`` from ``offset``."""
-    view = memoryview(a.reshape(-1).view(np.uint8)) if a.size else memoryview(b"")
+    view = a.reshape(-1).view(np.uint8).data if a.size else memoryview(b"")
     done = 0
     while done < len(view):
         done += os.pwrite(fd, view[done:], offset + done)
@@ -67,7 +68,7 @@ def _write_array(fd: int, a: np.ndarray, offset: int) -> None:
 
 def _read_array(fd: int, buf: np.ndarray, offset: int) -> int:
     """Fill ``buf`` from ``fd`` at ``offset``; the number of bytes read (short at end of file)."""
-    view = memoryview(buf.reshape(-1).view(np.uint8))
+    view = buf.reshape(-1).view(np.uint8).data
     done = 0
     while done < len(view):
         n = os.preadv(fd, [view[done:]], offset + done)
@@ -144,7 +145,7 @@ class _UnnamedFile:
         self.directory = directory
         self.where = f"the {label} store's unnamed temporary file in " + (
             directory or tempfile.gettempdir())
-        self.file = None  # made by the first write
+        self.file: IO[bytes] | None = None  # made by the first write
         self.end = 0
         self.free: list[tuple[int, int]] = []  # (capacity, offset) of regions no block holds
 

@@ -267,7 +267,8 @@ class _Loop:
         for k, v in zip(self.dyn_idx, dyn_vals):
             out[k] = v
         for k, b in zip(self.buf_idx, self.bufs):
-            out[k] = _Recorder(b, True, None, False)
+            # equinox annotates the predicate as a bool array; a Python bool stands for one
+            out[k] = _Recorder(b, True, None, False)  # type: ignore[arg-type]
         return jtu.tree_unflatten(self.treedef, out)
 
     def live(self, dyn_vals):
@@ -279,13 +280,13 @@ class _Loop:
         write's own predicate hold."""
         out = self.body_fun(self.rebuild(dyn_vals))
         out_leaves, out_tree = jtu.tree_flatten(out, is_leaf=lambda x: isinstance(x, Buffer))
-        if out_tree != self.treedef:
+        if out_tree != self.treedef:  # type: ignore[operator]  # jaxlib: PyTreeDef untyped
             raise TypeError(
                 "retrograde.diffrax: an inner loop's body changed the structure of its carry "
                 f"from {self.treedef} to {out_tree}."
             )
         new_dyn = [jnp.asarray(out_leaves[k], d.dtype) for k, d in zip(self.dyn_idx, dyn_vals)]
-        rows = []
+        rows: list[Any] = []
         for k, b in zip(self.buf_idx, self.bufs):
             rec = out_leaves[k]
             if not isinstance(rec, _Recorder):

@@ -32,7 +32,8 @@ try:
     from equinox.internal._loop import common as _common
 
     Buffer = _common._Buffer
-    _MetaBufferItem = _common._MetaBufferItem
+    # equinox defines it only when not TYPE_CHECKING
+    _MetaBufferItem = _common._MetaBufferItem  # type: ignore[attr-defined]
 except (ImportError, AttributeError) as e:  # pragma: no cover (depends on the installed equinox)
     raise _missing(
         "classes equinox.internal._loop.common._Buffer (the buffer type diffrax dispatches on) "

@@ -28,7 +28,7 @@ __all__ = ["write_once", "write_once_p"]
 
 write_once_p = Primitive("retrograde_write_once")
 # ``retrograde.while_loop``'s write-only check: operand 0 is the buffer written into.
-write_once_p.buffer_operands = (0,)
+write_once_p.buffer_operands = (0,)  # type: ignore[attr-defined]  # ours; Primitive has no slots
 
 
 def write_once(buffer, index, rows):
@@ -59,7 +59,7 @@ def _jvp(primals, tangents):
     t_buffer, _, t_rows = tangents
     out = write_once_p.bind(buffer, index, rows)
     if type(t_buffer) is ad.Zero and type(t_rows) is ad.Zero:
-        return out, ad.Zero.from_primal_value(out)
+        return out, ad.Zero.from_primal_value(out)  # type: ignore[attr-defined]  # untyped in JAX
     t_buffer = ad.instantiate_zeros(t_buffer)
     t_rows = ad.instantiate_zeros(t_rows)
     return out, write_once_p.bind(t_buffer, index, t_rows)

@@ -26,12 +26,12 @@ import copy
 import dataclasses
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import numpy as np
 
-from .._store import MemoryStore, SnapshotError, Store
+from .._store import MemoryStore, Snapshot, SnapshotError, Store
 from ..schedules import (
     Advance,
     End,
@@ -168,6 +168,8 @@ class ForwardPass:
             g2 = fp.vjp(state_bar=w)              # another functional, no new forward sweep
     """
 
+    _reached: int  # steps reached by the forward sweep so far (set when it starts)
+
     def __init__(
         self,
         step: StepImpl,
@@ -198,13 +200,13 @@ class ForwardPass:
         self._bar = _Progress()
         self._stores: list[Store] = []
         self._hand_store = MemoryStore("state at hand")
-        self._hand = None
+        self._hand: Snapshot | None = None
         self._closed = False
         self._spent = False
         self._persistent: dict[tuple[int, int], Any] = {}
         self._final_grad: tuple[list, list] | None = None
         self.counts = Counts()
-        self.value = None
+        self.value: float | None = None
         self.state = None
         state = initial_state(state0, step.is_jax)
         self._sspec = TreeSpec(state, "state", step.is_jax)
@@ -393,7 +395,7 @@ class ForwardPass:
         self._J, self._reached = 0.0, 0
         with _Progress(self._progress, n_steps, "forward") as self._bar:
             if online:
-                run = self._online_run = self._schedule.start()
+                run = self._online_run = cast(OnlineSchedule, self._schedule).start()
 
                 def more(n):  # asked with u_n at hand
                     return (n_steps is None or n < n_steps) and not (
@@ -409,7 +411,8 @@ class ForwardPass:
                     self._online_saved = None
             else:
                 N = n_steps
-                self._prefix_len = m.run(self._schedule.actions(N), first_sweep=True)
+                self._prefix_len = m.run(cast(OfflineSchedule, self._schedule).actions(N),
+                                         first_sweep=True)
             self.n_steps = N
             self._checked = check  # where every reverse sweep's checks start from
             cur = check.current
@@ -445,7 +448,7 @@ class ForwardPass:
 
     # ------------------------------------------------------------------ reverse
     def _reverse_actions(self) -> Iterator:
-        sched = self._schedule
+        sched: Any = self._schedule  # offline if there is a prefix to skip, otherwise online
         N = self.n_steps
         if self._prefix_len is not None:
             it = sched.actions(N)

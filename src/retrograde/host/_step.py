@@ -330,8 +330,10 @@ class WeakCache:
         try:
             ref = weakref.WeakMethod(fn) if inspect.ismethod(fn) else weakref.ref(fn)
             # dropped as soon as any part dies (before its id can be reused)
-            refs = [weakref.ref(p, lambda _, key=key: self._entries.pop(key, None))
-                    for p in parts]
+            def forget(_ref: object, key: tuple = key) -> None:
+                self._entries.pop(key, None)
+
+            refs = [weakref.ref(p, forget) for p in parts]
         except TypeError:  # not weakly referenceable
             return make(fn)
         value = make(_weak_caller(ref, fn))

@@ -87,7 +87,7 @@ class AdjJvpArgs(NamedTuple):
             dsnaps = [instantiate(v) for v in pick(fs, t.snaps[:ns]) + pick(fs, t.snaps[ns:])]
         else:
             a = a._replace(snaps=[])
-        return cls(a, *given, dsnaps), masks
+        return cls._make([a, *given, dsnaps]), masks
 
     def unpack(self, body: Body, plan: LoopPlan, ymask, masks) -> tuple[AdjArgs, AdjArgs]:
         """The primals and tangents of ``adj_p``'s inputs (symbolic zeros off the masks; no

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -225,7 +226,8 @@ def transpose_rule(unbatched: Callable):
             spmd_axis_name=level.spmd_name,
         )
         res = fun([a for a, u in zip(args, undef) if not u], shared)
-        out, it = [], iter(zip(res, got, [d for d, u in zip(level.in_axes, undef) if u]))
+        out: list[Any] = []
+        it = iter(zip(res, got, [d for d, u in zip(level.in_axes, undef) if u]))
         for u in undef:
             if not u:
                 out.append(None)

@@ -70,7 +70,8 @@ def calibrate(state_bytes: int, repeats: int = 4, directory: str | None = None,
         >>> [t.storage for t in calibrate(2**16, repeats=2, runs=1)]
         ['host', 'disk']
     """
-    dtype = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+    # jax.config's flags are attributes JAX's type information does not declare
+    dtype = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32  # type: ignore[attr-defined]
     u = jnp.ones((max(1, state_bytes // jnp.dtype(dtype).itemsize),), dtype)
     out = []
     for storage in ("host", "disk"):

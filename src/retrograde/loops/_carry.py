@@ -124,12 +124,12 @@ def _describe(node) -> str:
 
 def structure_diffs(a, b, path: tuple = ()) -> list[tuple[tuple, str, str]]:
     """Where the pytrees ``a`` and ``b`` differ in structure: ``(path, a's node, b's node)``."""
-    if tree_util.tree_structure(a) == tree_util.tree_structure(b):
+    if tree_util.tree_structure(a) == tree_util.tree_structure(b):  # type: ignore[operator]  # jaxlib: PyTreeDef untyped
         return []
     one_level = lambda t: tree_util.tree_flatten_with_path(t, is_leaf=lambda y: y is not t)
     (ka, ta), (kb, tb) = one_level(a), one_level(b)
     leaf = lambda t: t is not None and tree_util.treedef_is_leaf(tree_util.tree_structure(t))
-    if ta != tb or leaf(a) or leaf(b):
+    if ta != tb or leaf(a) or leaf(b):  # type: ignore[operator]  # jaxlib: PyTreeDef untyped
         return [(path, _describe(a), _describe(b))]
     out = []
     for (pa, ca), (_, cb) in zip(ka, kb):
@@ -259,7 +259,11 @@ class StepCache:
         full = (tuple(map(id, targets)), config.trace_context(), key)
         try:
             hash(full)
-            refs = [weakref.ref(t, lambda _, k=full: self._entries.pop(k, None)) for t in targets]
+
+            def forget(_ref: object, k: tuple = full) -> None:
+                self._entries.pop(k, None)
+
+            refs = [weakref.ref(t, forget) for t in targets]
         except TypeError:  # not weakly referenceable or unhashable: no caching
             return build()
         entry = self._entries.get(full)

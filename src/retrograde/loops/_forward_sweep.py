@@ -180,7 +180,9 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
         return carry, n, [], held
     if layout is not None:  # Online(s, slow=...): thinning on the offloaded slots
         off = Offload.open(layout, n_device=0)
-        n, carry, _, held = run([(lambda *a: place_thinned(*a, off=off), None)], state)
+        n, carry, _, held = run(
+            [(lambda n, snap, slots, held: place_thinned(n, snap, slots, held, off=off), None)],
+            state)
         return carry, n, [off.handle, *tags_of(body.snapshot(carry))], held
     n, carry, slots, held = run(online_phases(n_slots, max_steps), state)
     return carry, n, slots, held

@@ -45,6 +45,7 @@ import itertools
 import threading
 import time
 import weakref
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -55,7 +56,7 @@ from jax._src import core, dispatch, effects
 from jax._src.interpreters import batching, mlir
 from jax.extend.core import Primitive
 
-from .._store import SnapshotError, Store, level_storage
+from .._store import Snapshot, SnapshotError, Store, level_storage
 from ..schedules import Level
 from . import _machine as machine
 
@@ -178,9 +179,9 @@ def offload_stats(reset: bool = False) -> OffloadStats:
         0
     """
     with _LOCK:
-        out = dataclasses.replace(
-            _STATS, **{f.name: dict(getattr(_STATS, f.name))
-                       for f in dataclasses.fields(_STATS) if f.type == "dict"})
+        copies: dict[str, Any] = {f.name: dict(getattr(_STATS, f.name))
+                                  for f in dataclasses.fields(_STATS) if f.type == "dict"}
+        out = dataclasses.replace(_STATS, **copies)
         out.open_stores = len(_RUNS)
         out.held_bytes = sum(run.nbytes for run in _RUNS.values())
         if reset:
@@ -221,7 +222,7 @@ class _Run:
     def __init__(self, layout: Layout):
         self.layout = layout
         self.stores: dict[int, Store] = {}
-        self.held: dict[tuple[int, int], object] = {}  # (level, slot) -> its snapshot
+        self.held: dict[tuple[int, int], Snapshot] = {}  # (level, slot) -> its snapshot
 
     def level(self, j):
         """``(level, slot, store)`` of offloaded slot ``j``."""
@@ -397,15 +398,25 @@ def _lowering(make_callback, n_operands=lambda n_args: n_args):
     return rule
 
 
+def _put_results(h, j, n, *u) -> tuple[()]:
+    _put(h, j, n, u)
+    return ()
+
+
+def _close_results(h) -> tuple[()]:
+    _close(h)
+    return ()
+
+
 mlir.register_lowering(open_p, _lowering(
     lambda avals, layout: lambda: (np.int32(_open(layout)),)), cacheable=False)
 mlir.register_lowering(put_p, _lowering(
-    lambda avals, layout: lambda h, j, n, *u: _put(h, j, n, u) or (),
+    lambda avals, layout: _put_results,
     lambda n_args: 3 + (n_args - 3) // 2), cacheable=False)
 mlir.register_lowering(get_p, _lowering(
     lambda avals, layout: lambda h, j, n: _get(h, j, n, avals), lambda n_args: 3),
     cacheable=False)
-mlir.register_lowering(close_p, _lowering(lambda avals: lambda h: _close(h) or ()),
+mlir.register_lowering(close_p, _lowering(lambda avals: _close_results),
                        cacheable=False)
 
 
@@ -567,7 +578,7 @@ class Segments:
 
     with_pairs = False  # no PAIRS leaves (see _sources.BinomialSource)
     control_apart = True  # the machine's step, as _sources.BinomialSource's
-    first = None  # the first action is read as the others are
+    first: jax.Array | None = None  # the first action is read as the others are
 
     def __init__(self, n_device: int, held, n_steps):
         big = jnp.iinfo(jnp.int32).max

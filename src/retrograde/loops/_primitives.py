@@ -55,12 +55,13 @@ abstract-evaluation and lowering rules' common form, and the batching fixpoint.
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import jax.numpy as jnp
 from jax._src import core
 from jax._src.interpreters import ad, batching, mlir
 
-from ..schedules import Schedule
+from ..schedules import Online, Schedule
 from . import _batch_levels
 from ._body import Body, cut, is_float
 from ._offload import Layout, stored_effects, two_level
@@ -97,7 +98,7 @@ class LoopPlan:
     def n_slots(self) -> int:
         """Snapshot slots (in device memory)."""
         if self.dynamic:
-            return self.schedule.snapshots
+            return cast(Online, self.schedule).snapshots  # a while loop's schedule is Online
         return tables_for(self.schedule, self.length).n_slots
 
     def tables(self):

@@ -336,16 +336,16 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
 
     def own_offloaded():
         off = Offload.open(layout, n_device=0)
-        state = (body.snapshot(carry0), [], jnp.full((layout.n_offloaded,), -1, i32))
+        state: tuple = (body.snapshot(carry0), [], jnp.full((layout.n_offloaded,), -1, i32))
         state = lax.fori_loop(0, n_steps, replay(
-            lambda *a: place_thinned(*a, off=off)), state)
+            lambda n, snap, slots, held: place_thinned(n, snap, slots, held, off=off)), state)
         return sweep_offloaded(off.handle, state[2], tags_of(state[0]))
 
     def own():
         state = (body.snapshot(carry0),
                  zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
                  jnp.full((n_slots,), -1, i32))
-        start = 0
+        start: int | jax.Array = 0
         for place, stop in online_phases(n_slots, max_steps):
             end = n_steps if stop is None else jnp.minimum(n_steps, stop)
             state = lax.fori_loop(start, end, replay(place), state)

@@ -7,6 +7,8 @@ unbatched and uses only ``jax.lax``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax.numpy as jnp
 from jax import lax
 
@@ -76,5 +78,5 @@ def zeros_after(avals, lead, deps):
     leaves = [d for d in deps if d.size]
     if not leaves:
         return zeros(avals, lead)
-    dep = sum(jnp.real(d.ravel()[0]).astype(jnp.float32) for d in leaves) * 0
+    dep: Any = sum(jnp.real(d.ravel()[0]).astype(jnp.float32) for d in leaves) * 0  # an array
     return [jnp.broadcast_to(dep.astype(a.dtype), lead + tuple(a.shape)) for a in avals]

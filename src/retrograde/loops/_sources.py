@@ -13,6 +13,7 @@ functions of it; :class:`MacroActionSource` declares what the executor reads. Th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import jax
@@ -63,7 +64,8 @@ class BinomialSource:
     # the leaf's loops they would run on the concurrent executor.
     control_apart = True
 
-    def __init__(self, n_slots, held, n_steps, at_hand, with_pairs=False):
+    def __init__(self, n_slots: int, held: Callable[[], tuple[Any, Any, Any]], n_steps,
+                 at_hand: bool, with_pairs: bool = False):
         """``held()``: the held snapshots ``(steps, slots, count)`` as :func:`._machine.init`
         takes them. It is traced, with the machine's initial state and first action, in a
         conditional's branch of its own (:func:`._xla_cpu.branch`), so that their many small
@@ -90,7 +92,7 @@ class RowSource:
 
     with_pairs = False  # no PAIRS leaves
     control_apart = False  # a row read is one kernel
-    first = None  # the first action is read as the others are
+    first: jax.Array | None = None  # the first action is read as the others are
 
     def __init__(self, tables: Tables):
         self.rows = jnp.asarray(tables.rows, i32)

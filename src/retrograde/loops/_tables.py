@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import numpy as np
 
@@ -191,6 +192,7 @@ def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
     actions = [a for a in schedule.actions(length) if type(a) in (Advance, Store, Restore, Record)]
     # Number the slots of all levels consecutively, device levels first.
     top: dict[int, int] = {}
+    act: Any  # a Store or a Restore where read (mypy does not narrow `type(act) in (...)`)
     for act in actions:
         if type(act) in (Store, Restore):
             top[act.level] = max(top.get(act.level, -1), act.slot)
@@ -256,7 +258,7 @@ class _Rows(Executor):
 def _merge_moves(rows):
     """Fuse consecutive moves that chain (the first stores nothing, the second restores nothing
     and starts where the first stops) into one: a MOVE restores, advances, then stores."""
-    out = []
+    out: list[Any] = []
     for row in rows:
         prev = out[-1] if out else None
         if (prev is not None and row[0] == MOVE and prev[0] == MOVE and prev[5] < 0

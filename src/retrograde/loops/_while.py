@@ -303,7 +303,8 @@ def _trace_while(cond_fun, body_fun, fast_fun, tree, flat: list, stored, names: 
         return [ok]
 
     def trace(avals):
-        args, trees = [sds(a) for a in avals], []
+        args = [sds(a) for a in avals]
+        trees: list[Any] = []
         cond_closed = jax.make_jaxpr(flat_cond)(*args)
         body_closed = jax.make_jaxpr(flat_step(body_fun, names, trees))(*args)
         fast_closed = None

@@ -41,6 +41,7 @@ import copy
 import dataclasses
 import itertools
 from collections.abc import Iterable, Iterator
+from typing import cast
 
 from pyadjoint.tape import stop_annotating
 
@@ -51,6 +52,7 @@ from ..schedules import (
     Free,
     OfflineSchedule,
     Online,
+    OnlineRun,
     OnlineSchedule,
     RecomputeAll,
     Record,
@@ -193,7 +195,7 @@ class CheckpointManager:
         self._reading = None  # the variable being read (see capture_read)
         self._hand: dict | None = None
         self._prefix_len: int | None = None
-        self._online_saved = None
+        self._online_saved: OnlineRun | None = None
         tape._blocks.append_step()
         tape.latest_checkpoint = 0
         tape._eagerly_checkpoint_outputs = False
@@ -408,7 +410,7 @@ class CheckpointManager:
         sweep.at = 0
         with stop_annotating():
             if self._online:
-                run = self.schedule.start()
+                run = cast(OnlineSchedule, self.schedule).start()
                 sweep.run(run.forward(lambda n: n < N))
                 check.stopped(N)
                 self._online_saved = copy.deepcopy(run)

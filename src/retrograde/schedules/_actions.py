@@ -28,7 +28,7 @@ compiled loops' row tables) is an :class:`Executor`: one method per action kind,
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 __all__ = [
     "Advance", "Store", "Restore", "Free", "Record", "End", "Action", "ScheduleError",
@@ -206,6 +206,7 @@ def relabel(
         >>> list(relabel([Store(0, 1), Advance(0, 2), Record(2)], 10, [(0, 0), (1, 4)]))
         [Store(step=10, slot=4, level=1), Advance(start=10, stop=12), Record(step=12)]
     """
+    action: Any  # dispatched on type(action), which mypy does not narrow through `kind`
     for action in actions:
         kind = type(action)
         if kind is Advance:
