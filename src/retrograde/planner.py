@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from .schedules import (
     Level,
@@ -36,12 +38,16 @@ from .schedules import (
     RecomputeAll,
     Revolve,
     Schedule,
+    Stats,
     StoreAll,
     check_snapshots,
     check_steps,
     revolve_optimum,
     simulate,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["Row", "plan", "plan_with_notes", "parse_size", "format_size", "format_table", "plot_schedule"]
 
@@ -567,7 +573,9 @@ def format_table(rows: Sequence[Row], *, disk: bool | None = None) -> str:
     return "\n".join([render(header), rule] + [render(c) for c in lines])
 
 
-def plot_schedule(schedule: Schedule, n_steps: int, path, **kwargs):
+def plot_schedule(
+    schedule: Schedule, n_steps: int, path: str | os.PathLike | None, **kwargs: Any
+) -> tuple[Figure, Stats]:
     """Draw ``schedule`` for ``n_steps`` steps as a step-versus-time picture; see
     :func:`retrograde.plot.plot_schedule`.
 

@@ -10,6 +10,7 @@ line collections, so even long schedules render in seconds.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from .schedules import (
     Advance,
@@ -20,10 +21,14 @@ from .schedules import (
     Restore,
     Schedule,
     Simulator,
+    Stats,
     Store,
     check_steps,
     schedule_stream,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["plot_schedule", "schedule_stream"]
 
@@ -89,7 +94,7 @@ def plot_schedule(
     title: str | None = None,
     figsize: tuple[float, float] = (10.0, 6.0),
     dpi: int = 120,
-):
+) -> tuple[Figure, Stats]:
     """Draw ``schedule`` reversing ``n_steps`` steps, and save it to ``path`` (PNG, SVG, PDF).
 
     The schedule is validated while it is drawn (an invalid one raises

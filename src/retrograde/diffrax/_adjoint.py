@@ -153,14 +153,14 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
     def loop(
         self,
         *,
-        solver,
-        max_steps,
-        terms,
-        throw,
-        passed_solver_state,
-        passed_controller_state,
-        **kwargs,
-    ):
+        solver: diffrax.AbstractSolver,
+        max_steps: int | None,
+        terms: Any,
+        throw: bool,
+        passed_solver_state: bool,
+        passed_controller_state: bool,
+        **kwargs: Any,
+    ) -> Any:
         del throw, passed_solver_state, passed_controller_state
         if _is_unsafe_sde(terms):
             raise ValueError(

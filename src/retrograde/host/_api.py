@@ -14,11 +14,15 @@ from ._step import (
     JaxCore,
     JaxStep,
     LossImpl,
+    LossLike,
+    PyTree,
     Step,
+    StepLike,
     WeakCache,
     as_losses,
     as_step,
 )
+from ._storage import StorageSpec
 from ._trees import TreeSpec, private, readonly
 
 __all__ = ["forward", "value_and_grad", "hvp", "jvp", "HessianProduct", "Tangents"]
@@ -27,14 +31,14 @@ tree_util = jax.tree_util
 
 
 def forward(
-    step,
-    state0,
-    params,
+    step: StepLike,
+    state0: PyTree,
+    params: PyTree,
     n_steps: int | None,
     *,
     schedule: Schedule,
-    loss=None,
-    storage=None,
+    loss: LossLike = None,
+    storage: StorageSpec = None,
     until: Callable[[int, Any], Any] | None = None,
     progress: bool | None = None,
 ) -> ForwardPass:
@@ -100,14 +104,14 @@ def forward(
 
 
 def value_and_grad(
-    step,
-    loss,
-    state0,
-    params,
+    step: StepLike,
+    loss: LossLike,
+    state0: PyTree,
+    params: PyTree,
     n_steps: int | None,
     *,
     schedule: Schedule,
-    storage=None,
+    storage: StorageSpec = None,
     until: Callable[[int, Any], Any] | None = None,
     progress: bool | None = None,
 ) -> tuple[float, Grads]:
@@ -182,16 +186,16 @@ _AUG_LOSSES = WeakCache()
 
 
 def hvp(
-    step,
-    loss,
-    state0,
-    params,
+    step: StepLike,
+    loss: LossLike,
+    state0: PyTree,
+    params: PyTree,
     n_steps: int | None,
-    params_dot,
-    state0_dot=None,
+    params_dot: PyTree,
+    state0_dot: PyTree | None = None,
     *,
     schedule: Schedule,
-    storage=None,
+    storage: StorageSpec = None,
     until: Callable[[int, Any], Any] | None = None,
     progress: bool | None = None,
 ) -> HessianProduct:
@@ -277,14 +281,14 @@ class Tangents(NamedTuple):
 
 
 def jvp(
-    step,
-    state0,
-    params,
+    step: StepLike,
+    state0: PyTree,
+    params: PyTree,
     n_steps: int | None,
-    state0_dot=None,
-    params_dot=None,
+    state0_dot: PyTree | None = None,
+    params_dot: PyTree | None = None,
     *,
-    loss=None,
+    loss: LossLike = None,
     until: Callable[[int, Any], Any] | None = None,
 ) -> Tangents:
     """Forward-mode derivative of the loop: no snapshots, ``O(1)`` extra memory.

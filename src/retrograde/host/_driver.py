@@ -47,8 +47,8 @@ from ..schedules import (
     check_steps,
 )
 from ..schedules import Store as StoreAction  # the action; Store is the snapshot store
-from ._step import LossImpl, StepImpl
-from ._storage import resolve_storage
+from ._step import LossImpl, PyTree, StepImpl
+from ._storage import StorageSpec, resolve_storage
 from ._trees import TreeSpec, accumulate, dtype_of, private, readonly
 
 __all__ = ["ForwardPass", "Grads", "Counts", "PROGRESS_THRESHOLD"]
@@ -174,12 +174,12 @@ class ForwardPass:
         self,
         step: StepImpl,
         losses: tuple[LossImpl, ...],
-        state0,
-        params,
+        state0: PyTree,
+        params: PyTree,
         n_steps: int | None,
         *,
         schedule: Schedule,
-        storage=None,
+        storage: StorageSpec = None,
         until: Callable[[int, Any], Any] | None = None,
         progress: bool | None = None,
         single: bool = False,
@@ -250,7 +250,7 @@ class ForwardPass:
     def closed(self) -> bool:
         return self._closed
 
-    def vjp(self, state_bar=None, *, loss_bar: float | None = None, keep: bool = True) -> Grads:
+    def vjp(self, state_bar: PyTree | None = None, *, loss_bar: float | None = None, keep: bool = True) -> Grads:
         """Reverse the loop once: cotangents of ``params`` and of the initial state.
 
         Args:
@@ -575,7 +575,11 @@ class _Sweep(Executor):
         self.loss_bar = 0.0
         self.running: list = []
 
-    def run(self, actions: Iterable, *, first_sweep: bool = False) -> int:
+    # Executor.run returns the executor; this one returns the count of actions run (the first
+    # sweep's prefix length). TODO: a name of its own.
+    def run(  # type: ignore[override]
+        self, actions: Iterable, *, first_sweep: bool = False
+    ) -> int:
         """Execute ``actions`` up to ``End`` (in the first sweep: up to the first ``Record`` or
         ``End``, which stays unexecuted); returns how many were executed."""
         self.ahead = it = _Lookahead(actions)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -134,6 +134,14 @@ def _check_loss_fns(kind, f, grad):
         )
 
 
+#: What a ``step`` argument accepts: a JAX function ``step(n, state, params) -> state`` or a
+#: :class:`Step`.
+StepLike = Step | Callable[[Any, PyTree, PyTree], PyTree]
+#: What a ``loss`` argument accepts: ``None``, one :class:`Running` or :class:`Final` term, or a
+#: sequence of them.
+LossLike = Running | Final | Sequence[Running | Final] | None
+
+
 # ----------------------------------------------------------------------------------------------
 # Internal adapters: one interface for both kinds of steps and losses.
 
@@ -232,7 +240,7 @@ class JaxStep(StepImpl):
         return self.core.jvp(n, state, params, state_dot, params_dot)
 
 
-def as_step(step) -> StepImpl:
+def as_step(step: StepLike | StepImpl) -> StepImpl:
     """Adapt a :class:`Step` or a JAX function ``step(n, state, params)``."""
     if isinstance(step, StepImpl):
         return step
@@ -290,7 +298,7 @@ def _jax_loss(f):
     return jax.jit(f), jax.jit(jax.grad(f, argnums=(1, 2)))
 
 
-def as_losses(loss) -> tuple[LossImpl, ...]:
+def as_losses(loss: LossLike) -> tuple[LossImpl, ...]:
     """Normalise ``loss``: ``None``, one :class:`Running`/:class:`Final`, or a sequence of them."""
     if loss is None:
         return ()

@@ -10,11 +10,17 @@ import warnings
 from collections.abc import Mapping, Sequence
 
 from .._store import Disk, Memory, Storage, level_storage
+from ..schedules import Level
 
-__all__ = ["resolve_storage"]
+__all__ = ["StorageSpec", "resolve_storage"]
+
+#: What a ``storage=`` argument accepts (see :func:`resolve_storage`).
+StorageSpec = (
+    Storage | str | Sequence[Storage | str] | Mapping[int | str, Storage | str] | None
+)
 
 
-def resolve_storage(storage, levels) -> list[Storage]:
+def resolve_storage(storage: StorageSpec, levels: Sequence[Level]) -> list[Storage]:
     """One storage specification per schedule level.
 
     ``storage`` may be ``None`` (each level's own ``Level(storage=...)``, read by

@@ -9,6 +9,8 @@ object), whose ``saved_output`` raises :class:`MissingValueError` instead.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pyadjoint.block_variable import BlockVariable
 
 from .._store import SnapshotError
@@ -39,7 +41,7 @@ class GuardedBlockVariable(BlockVariable):
     running_step: int | None = None
 
     @property
-    def saved_output(self):
+    def saved_output(self) -> Any:
         checkpoint = self._checkpoint
         if checkpoint is None:
             step = GuardedBlockVariable.running_step

@@ -43,7 +43,9 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import cast
 
-from pyadjoint.tape import stop_annotating
+from pyadjoint.block_variable import BlockVariable
+from pyadjoint.overloaded_type import OverloadedType
+from pyadjoint.tape import Tape, stop_annotating
 
 from ..schedules import (
     Advance,
@@ -151,7 +153,7 @@ class CheckpointManager:
         n_steps: the number of time steps, if known before taping.
     """
 
-    def __init__(self, schedule: Schedule, tape, n_steps: int | None = None):
+    def __init__(self, schedule: Schedule, tape: Tape, n_steps: int | None = None):
         if not isinstance(schedule, (OfflineSchedule, OnlineSchedule)):
             raise TypeError(
                 f"enable_checkpointing(schedule=...) must be a retrograde schedule such as "
@@ -262,7 +264,7 @@ class CheckpointManager:
                 if bv.creation_timestep >= 0 and bv.creation_timestep < m:
                     bv._checkpoint = None
 
-    def capture_read(self, bv, last_used: int) -> None:
+    def capture_read(self, bv: BlockVariable, last_used: int) -> None:
         """A block of the step being taped reads ``bv`` (pyadjoint's
         ``add_to_checkpointable_state``): add its value to the snapshots that must hold it."""
         # pyadjoint's own method keeps every read variable in its step sets; the block appends
@@ -335,7 +337,7 @@ class CheckpointManager:
             self._end_taping()
 
     # ------------------------------------------------------------------ pyadjoint's hooks
-    def recompute(self, functional=None) -> None:
+    def recompute(self, functional: OverloadedType | None = None) -> None:
         """pyadjoint's hook in ``ReducedFunctional.__call__``: a first sweep at the controls'
         values."""
         self._ensure_taped()
@@ -490,7 +492,11 @@ class _Sweep(Executor):
             [b for b in blocks if not any(bv in controls for bv in b.get_outputs())]
             for blocks in self.g.steps]
 
-    def run(self, actions: Iterable, *, first_sweep: bool = False) -> int:
+    # Executor.run returns the executor; this one returns the count of actions run (the first
+    # sweep's prefix length). TODO: a name of its own.
+    def run(  # type: ignore[override]
+        self, actions: Iterable, *, first_sweep: bool = False
+    ) -> int:
         """Execute ``actions`` up to ``End`` (a first sweep: up to the first ``Record``), each
         after the simulator; returns how many were executed."""
         check, checks, mine = self.check, self.check._kinds, self._kinds

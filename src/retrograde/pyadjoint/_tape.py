@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pyadjoint.block_variable import BlockVariable
 from pyadjoint.tape import Tape, get_working_tape
 
 from ..schedules import Schedule
@@ -24,23 +25,23 @@ class CheckpointedTape(Tape):
         m = self._checkpoint_manager
         return m if isinstance(m, CheckpointManager) else None
 
-    def add_to_checkpointable_state(self, block_var, last_used):
+    def add_to_checkpointable_state(self, block_var: BlockVariable, last_used: int) -> None:
         m = self._retrograde()
         if m is None:
             return super().add_to_checkpointable_state(block_var, last_used)
         m.capture_read(block_var, last_used)
 
-    def add_to_adjoint_dependencies(self, block_var, last_used):
+    def add_to_adjoint_dependencies(self, block_var: BlockVariable, last_used: int) -> None:
         if self._retrograde() is None:  # the manager reads the graph instead (O(1) per output)
             super().add_to_adjoint_dependencies(block_var, last_used)
 
-    def evaluate_tlm(self, markings=False):
+    def evaluate_tlm(self, markings: bool = False) -> None:
         m = self._retrograde()
         if m is None:
             return super().evaluate_tlm(markings)
         m.evaluate_tlm(markings)
 
-    def evaluate_hessian(self, markings=False):
+    def evaluate_hessian(self, markings: bool = False) -> None:
         m = self._retrograde()
         if m is None:
             return super().evaluate_hessian(markings)

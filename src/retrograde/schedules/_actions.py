@@ -28,7 +28,7 @@ compiled loops' row tables) is an :class:`Executor`: one method per action kind,
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Self
 
 __all__ = [
     "Advance", "Store", "Restore", "Free", "Record", "End", "Action", "ScheduleError",
@@ -163,7 +163,7 @@ class Executor:
         if type(action) is End:
             self.ended = True
 
-    def run(self, actions: Iterable[Action]):
+    def run(self, actions: Iterable[Action]) -> Self:
         """Execute every action of ``actions`` in order (as :meth:`execute`); returns ``self``."""
         kinds = self._kinds
         for action in actions:
