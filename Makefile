@@ -51,4 +51,4 @@ bench: $(STAMP)
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b --quick || exit 1; done
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .hypothesis demo_schedule.png
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache demo_schedule.png
