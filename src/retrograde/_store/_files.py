@@ -86,8 +86,12 @@ class _Directory:
             try:
                 os.makedirs(directory, exist_ok=True)
             except OSError as e:
-                raise OSError(e.errno, f"{e.strerror}: cannot create the snapshot directory's "
-                              f"parent for the {label} store", directory) from e
+                raise OSError(
+                    e.errno,
+                    f"{e.strerror}: cannot create the snapshot directory's "
+                    f"parent for the {label} store",
+                    directory,
+                ) from e
         self.rank = rank
         self.pid = os.getpid()  # a forked child must not remove the files
         self.path = make_private_dir(directory, rank)
@@ -144,7 +148,8 @@ class _UnnamedFile:
     def __init__(self, owner: FileStore, label: str, directory: str | None):
         self.directory = directory
         self.where = f"the {label} store's unnamed temporary file in " + (
-            directory or tempfile.gettempdir())
+            directory or tempfile.gettempdir()
+        )
         self.file: IO[bytes] | None = None  # made by the first write
         self.end = 0
         self.free: list[tuple[int, int]] = []  # (capacity, offset) of regions no block holds
@@ -195,11 +200,20 @@ class FileStore(Store):
 
     kind = "disk"
 
-    def __init__(self, label: str, directory: str | None = None, rank: int | None = None, *,
-                 unnamed: bool = False):
+    def __init__(
+        self,
+        label: str,
+        directory: str | None = None,
+        rank: int | None = None,
+        *,
+        unnamed: bool = False,
+    ):
         super().__init__(label)
-        self.placement = (_UnnamedFile(self, label, directory) if unnamed
-                          else _Directory(self, label, directory, rank))
+        self.placement = (
+            _UnnamedFile(self, label, directory)
+            if unnamed
+            else _Directory(self, label, directory, rank)
+        )
 
     @property
     def path(self) -> str | None:
@@ -219,8 +233,12 @@ class FileStore(Store):
                 )
             checksum = digest(a)
             old = prev[i] if prev is not None and i < len(prev) else None
-            if (old is not None and old.digest == checksum and old.dtype == a.dtype
-                    and old.shape == a.shape):
+            if (
+                old is not None
+                and old.digest == checksum
+                and old.dtype == a.dtype
+                and old.shape == a.shape
+            ):
                 records[i] = old
                 shared += 1
             else:
@@ -253,10 +271,17 @@ class FileStore(Store):
         """``e`` naming the step, the store and the file (and what to do if the disk is full)."""
         if e.errno is None:
             return e
-        hint = (" (the disk is full: free space there, or give a directory on a larger file "
-                "system)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "")
-        return OSError(e.errno, f"{e.strerror}: cannot write the snapshot of step {step} of the "
-                       f"{self.label} store{hint}", where)
+        hint = (
+            " (the disk is full: free space there, or give a directory on a larger file system)"
+            if e.errno in (errno.ENOSPC, errno.EDQUOT)
+            else ""
+        )
+        return OSError(
+            e.errno,
+            f"{e.strerror}: cannot write the snapshot of step {step} of the "
+            f"{self.label} store{hint}",
+            where,
+        )
 
     def _read(self, snap: Snapshot, take: bool, copy: bool):  # fresh buffers, always
         out = []

@@ -20,8 +20,15 @@ __all__ = ["CheckpointAdjoint"]
 
 
 def outer_while_loop(
-    cond_fun, body_fun, init_val, *, max_steps, buffers=None, schedule=None,
-    first_order_body_fun=None, **_
+    cond_fun,
+    body_fun,
+    init_val,
+    *,
+    max_steps,
+    buffers=None,
+    schedule=None,
+    first_order_body_fun=None,
+    **_,
 ):
     """Run diffrax's step loop with ``retrograde.while_loop``.
 
@@ -43,9 +50,7 @@ def outer_while_loop(
 
     # Which leaves are dynamic: arrays in the input, or leaves the step turns into arrays.
     def _wrap_tree(lvs):
-        return jtu.tree_unflatten(
-            treedef, [wrap(x) if b else x for x, b in zip(lvs, is_buf)]
-        )
+        return jtu.tree_unflatten(treedef, [wrap(x) if b else x for x, b in zip(lvs, is_buf)])
 
     def _out_leaves(val):
         out = jtu.tree_leaves(unwrap(val))
@@ -53,11 +58,11 @@ def outer_while_loop(
             raise TypeError("retrograde.diffrax: the step changed the structure of the state.")
         return out
 
-    out_shape = jax.eval_shape(lambda v: _out_leaves(body_fun(_wrap_tree(jtu.tree_leaves(v)))),
-                               init_val)
+    out_shape = jax.eval_shape(
+        lambda v: _out_leaves(body_fun(_wrap_tree(jtu.tree_leaves(v)))), init_val
+    )
     dyn = [
-        eqx.is_array(x) or isinstance(o, jax.ShapeDtypeStruct)
-        for x, o in zip(leaves, out_shape)
+        eqx.is_array(x) or isinstance(o, jax.ShapeDtypeStruct) for x, o in zip(leaves, out_shape)
     ]
     dyn_idx = [k for k, d in enumerate(dyn) if d]
     init_dyn = [jnp.asarray(leaves[k]) for k in dyn_idx]
@@ -82,8 +87,15 @@ def outer_while_loop(
     buf_pos = [j for j, k in enumerate(dyn_idx) if is_buf[k]]
     flat_buffers = (lambda dvals: [dvals[j] for j in buf_pos]) if buf_pos else None
     fast = None if first_order_body_fun is None else flat(first_order_body_fun)
-    final = while_loop(flat_cond, flat(body_fun), init_dyn, schedule=schedule,
-                       max_steps=max_steps, buffers=flat_buffers, first_order_body_fun=fast)
+    final = while_loop(
+        flat_cond,
+        flat(body_fun),
+        init_dyn,
+        schedule=schedule,
+        max_steps=max_steps,
+        buffers=flat_buffers,
+        first_order_body_fun=fast,
+    )
     return jtu.tree_unflatten(treedef, full(final))
 
 
@@ -181,8 +193,9 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
             max_steps=max_steps,
             terms=terms,
             inner_while_loop=inner_while_loop,
-            outer_while_loop=ft.partial(_outer_loop, schedule=self.schedule, solver=solver,
-                                        fast_solver=fast_solver),
+            outer_while_loop=ft.partial(
+                _outer_loop, schedule=self.schedule, solver=solver, fast_solver=fast_solver
+            ),
         )
 
 

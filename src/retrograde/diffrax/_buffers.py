@@ -248,14 +248,14 @@ class _Loop:
         leaves, self.treedef = jtu.tree_flatten(init_val, is_leaf=is_write_only)
         buffer_ids = set()
         if buffers is not None:
-            buffer_ids = {
-                id(b) for b in jtu.tree_leaves(buffers(init_val), is_leaf=is_write_only)
-            }
+            buffer_ids = {id(b) for b in jtu.tree_leaves(buffers(init_val), is_leaf=is_write_only)}
         is_buf = [is_write_only(x) or id(x) in buffer_ids for x in leaves]
         self.was_wrapped = [is_write_only(x) for x in leaves]
         self.outer_pred = [x._pred if is_write_only(x) else True for x in leaves]
         self.plain = [x._array if is_write_only(x) else x for x in leaves]
-        self.dyn_idx = [k for k, x in enumerate(self.plain) if eqx.is_array_like(x) and not is_buf[k]]
+        self.dyn_idx = [
+            k for k, x in enumerate(self.plain) if eqx.is_array_like(x) and not is_buf[k]
+        ]
         self.buf_idx = [k for k in range(len(self.plain)) if is_buf[k]]
         self.dyn = [jnp.asarray(self.plain[k]) for k in self.dyn_idx]
         self.bufs = [jnp.asarray(self.plain[k]) for k in self.buf_idx]

@@ -98,7 +98,8 @@ def _batch(args, dims):
     spare = b * m + batch * k + jnp.arange(k, dtype=jnp.int32)[None, :]
     flat_index = jnp.where(inside, index + batch * m, spare).reshape(b * k)
     out = write_once_p.bind(
-        buffer.reshape(b * m, *buffer.shape[2:]), flat_index,
+        buffer.reshape(b * m, *buffer.shape[2:]),
+        flat_index,
         rows.reshape(b * k, *rows.shape[2:]),
     )
     return out.reshape(buffer.shape), 0

@@ -22,9 +22,23 @@ from ._driver import PROGRESS_THRESHOLD, Counts, ForwardPass, Grads
 from ._step import Final, Running, Step
 
 __all__ = [
-    "Step", "Running", "Final",
-    "Memory", "Disk", "Storage", "SnapshotError", "remove_stale", "StaleDir",
-    "forward", "value_and_grad", "hvp", "jvp",
-    "ForwardPass", "Grads", "Counts", "HessianProduct", "Tangents",
+    "Step",
+    "Running",
+    "Final",
+    "Memory",
+    "Disk",
+    "Storage",
+    "SnapshotError",
+    "remove_stale",
+    "StaleDir",
+    "forward",
+    "value_and_grad",
+    "hvp",
+    "jvp",
+    "ForwardPass",
+    "Grads",
+    "Counts",
+    "HessianProduct",
+    "Tangents",
     "PROGRESS_THRESHOLD",
 ]

@@ -144,8 +144,16 @@ def value_and_grad(
             "or a tuple of them."
         )
     with ForwardPass(
-        as_step(step), as_losses(loss), state0, params, n_steps, schedule=schedule,
-        storage=storage, until=until, progress=progress, single=True,
+        as_step(step),
+        as_losses(loss),
+        state0,
+        params,
+        n_steps,
+        schedule=schedule,
+        storage=storage,
+        until=until,
+        progress=progress,
+        single=True,
     ) as fp:
         grads = fp.vjp(keep=False)
         return fp.value, grads
@@ -245,8 +253,16 @@ def hvp(
     pd = _tangent(params_dot, params, "params_dot", "hvp", True)
     aug_until = None if until is None else (lambda n, s: until(n, s[0]))
     with ForwardPass(
-        aug_step, aug_losses, (s0, sd), (params, pd), n_steps, schedule=schedule,
-        storage=storage, until=aug_until, progress=progress, single=True,
+        aug_step,
+        aug_losses,
+        (s0, sd),
+        (params, pd),
+        n_steps,
+        schedule=schedule,
+        storage=storage,
+        until=aug_until,
+        progress=progress,
+        single=True,
     ) as fp:
         g = fp.vjp(keep=False)
         value = fp.value
@@ -262,8 +278,9 @@ def _tangent(tangent, primal, name, where, jax_step):
     if tangent is None:
         return spec.materialize([None] * len(spec))
     leaves = spec.check_cotangent(tangent, where, name, verb="got")
-    return spec.materialize([None if x is None else np.array(x, dtype=spec.cot_dtypes[i])
-                             for i, x in enumerate(leaves)])
+    return spec.materialize(
+        [None if x is None else np.array(x, dtype=spec.cot_dtypes[i]) for i, x in enumerate(leaves)]
+    )
 
 
 class Tangents(NamedTuple):
@@ -323,8 +340,11 @@ def jvp(
     J, Jdot = 0.0, 0.0
 
     def dot(g, t):
-        return sum(float(np.sum(np.asarray(a) * np.asarray(b)))
-                   for a, b in zip(g, tree_util.tree_leaves(t)) if a is not None)
+        return sum(
+            float(np.sum(np.asarray(a) * np.asarray(b)))
+            for a, b in zip(g, tree_util.tree_leaves(t))
+            if a is not None
+        )
 
     def add_loss(n, L):
         nonlocal J, Jdot
@@ -332,12 +352,14 @@ def jvp(
         J += L.value(n, view, params)
         gs, gp = L.grad(n, view, params)
         where = L.where("grad", n)
-        Jdot += (dot(sspec.check_cotangent(gs, where, "state_bar"), sdot)
-                 + dot(pspec.check_cotangent(gp, where, "params_bar"), pdot))
+        Jdot += dot(sspec.check_cotangent(gs, where, "state_bar"), sdot) + dot(
+            pspec.check_cotangent(gp, where, "params_bar"), pdot
+        )
 
     n = 0
     while (n_steps is None or n < n_steps) and not (
-            until is not None and bool(until(n, readonly(state)))):
+        until is not None and bool(until(n, readonly(state)))
+    ):
         state, sdot = impl.jvp(n, state, params, sdot, pdot)
         where = impl.where("jvp", n)
         state = sspec.check_primal(state, where)

@@ -250,7 +250,9 @@ class ForwardPass:
     def closed(self) -> bool:
         return self._closed
 
-    def vjp(self, state_bar: PyTree | None = None, *, loss_bar: float | None = None, keep: bool = True) -> Grads:
+    def vjp(
+        self, state_bar: PyTree | None = None, *, loss_bar: float | None = None, keep: bool = True
+    ) -> Grads:
         """Reverse the loop once: cotangents of ``params`` and of the initial state.
 
         Args:
@@ -327,8 +329,10 @@ class ForwardPass:
         if L.is_jax and not self._step.is_jax:  # a hand-written adjoint gets NumPy arrays
             s_bar, p_bar = tree_util.tree_map(np.asarray, (s_bar, p_bar))
         where = L.where("grad", n)
-        return (self._sspec.check_cotangent(s_bar, where, "state_bar"),
-                self._pspec.check_cotangent(p_bar, where, "params_bar"))
+        return (
+            self._sspec.check_cotangent(s_bar, where, "state_bar"),
+            self._pspec.check_cotangent(p_bar, where, "params_bar"),
+        )
 
     def _plain(self, n, state):
         """One plain step ``u_n -> u_{n+1}`` (checked); the first time ``u_{n+1}`` is reached, add
@@ -399,7 +403,8 @@ class ForwardPass:
 
                 def more(n):  # asked with u_n at hand
                     return (n_steps is None or n < n_steps) and not (
-                        until is not None and self._until(until, n, m.state))
+                        until is not None and self._until(until, n, m.state)
+                    )
 
                 m.run(run.forward(more))
                 N = check.current
@@ -411,14 +416,16 @@ class ForwardPass:
                     self._online_saved = None
             else:
                 N = n_steps
-                self._prefix_len = m.run(cast(OfflineSchedule, self._schedule).actions(N),
-                                         first_sweep=True)
+                self._prefix_len = m.run(
+                    cast(OfflineSchedule, self._schedule).actions(N), first_sweep=True
+                )
             self.n_steps = N
             self._checked = check  # where every reverse sweep's checks start from
             cur = check.current
             if cur < N:  # the reverse part starts here: keep a copy, go on to u_N
-                self._hand = self._hand_store.put(cur, tree_util.tree_leaves(m.state),
-                                                  self._sspec.treedef)
+                self._hand = self._hand_store.put(
+                    cur, tree_util.tree_leaves(m.state), self._sspec.treedef
+                )
                 m.advance_to(cur, N)
         self._bar = _Progress()
         self._finish(m.state)
@@ -490,7 +497,8 @@ class ForwardPass:
                 m.run(actions)
             if m.check.next_record != -1:
                 raise ScheduleError(
-                    f"the schedule ended before step {m.check.next_record} was recorded.")
+                    f"the schedule ended before step {m.check.next_record} was recorded."
+                )
         finally:
             self._bar = _Progress()
             m.state = None
@@ -561,8 +569,14 @@ class _Sweep(Executor):
     for zero) and ``pbar`` (of the parameters), both in arrays of the driver's own.
     """
 
-    def __init__(self, fp: ForwardPass, slots: dict, check: Simulator, temp: set | None = None,
-                 keep: bool = True):
+    def __init__(
+        self,
+        fp: ForwardPass,
+        slots: dict,
+        check: Simulator,
+        temp: set | None = None,
+        keep: bool = True,
+    ):
         self.fp = fp
         self.slots = slots
         self.check = check

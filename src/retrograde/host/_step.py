@@ -178,8 +178,11 @@ class _HostStep(StepImpl):
         return self.step.forward(n, state, params)
 
     def vjp(self, n, state, params, out_bar):
-        return _pair(self.step.vjp(n, state, params, out_bar), self.where("vjp", n),
-                     "(state_bar, params_bar)")
+        return _pair(
+            self.step.vjp(n, state, params, out_bar),
+            self.where("vjp", n),
+            "(state_bar, params_bar)",
+        )
 
     def jvp(self, n, state, params, state_dot, params_dot):
         if self.step.jvp is None:
@@ -187,8 +190,11 @@ class _HostStep(StepImpl):
                 "This Step has no jvp; pass Step(forward, vjp, jvp=...) with "
                 "jvp(n, state, params, state_dot, params_dot) -> (next_state, next_state_dot)."
             )
-        return _pair(self.step.jvp(n, state, params, state_dot, params_dot),
-                     self.where("jvp", n), "(next_state, next_state_dot)")
+        return _pair(
+            self.step.jvp(n, state, params, state_dot, params_dot),
+            self.where("jvp", n),
+            "(next_state, next_state_dot)",
+        )
 
 
 def _pair(res, where, what):
@@ -288,8 +294,7 @@ class LossImpl:
         )
 
     def grad(self, n, state, params):
-        return _pair(self._grad(n, state, params), self.where("grad", n),
-                     "(state_bar, params_bar)")
+        return _pair(self._grad(n, state, params), self.where("grad", n), "(state_bar, params_bar)")
 
 
 def _jax_loss(f):
@@ -337,6 +342,7 @@ class WeakCache:
             return hit[0]
         try:
             ref = weakref.WeakMethod(fn) if inspect.ismethod(fn) else weakref.ref(fn)
+
             # dropped as soon as any part dies (before its id can be reused)
             def forget(_ref: object, key: tuple = key) -> None:
                 self._entries.pop(key, None)

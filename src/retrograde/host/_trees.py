@@ -177,8 +177,10 @@ class TreeSpec:
                 f"{where} returned a {self.kind} with the structure {treedef}; the {self.kind} "
                 f"has the structure {self.treedef} (that of state0)."
             )
-        checked = [self._leaf(x, i, where, self.kind, self.dtypes[i], convert=True)
-                   for i, x in enumerate(leaves)]
+        checked = [
+            self._leaf(x, i, where, self.kind, self.dtypes[i], convert=True)
+            for i, x in enumerate(leaves)
+        ]
         if any(x is not y for x, y in zip(checked, leaves)):
             return self.unflatten(checked)
         return tree

@@ -53,8 +53,12 @@ def put_row_if(pred, buffers, values, k):
     can take the body over the thunk budget (docs/performance.md, "The XLA CPU executor rule").
     Done in place. ``k`` may be a function computing the row inside the branch (then the body
     computes only ``pred``, one kernel fewer per step)."""
-    return lax.cond(pred, lambda b: put_row(b, values, k() if callable(k) else k),
-                    lambda b: list(b), list(buffers))
+    return lax.cond(
+        pred,
+        lambda b: put_row(b, values, k() if callable(k) else k),
+        lambda b: list(b),
+        list(buffers),
+    )
 
 
 def zeros(avals, lead=()):

@@ -182,8 +182,9 @@ class CheckpointManager:
         self._online = isinstance(schedule, OnlineSchedule) or self.n_given is None
         self._check = Simulator(self.levels, None if self._online else self.n_given)
         if self._online:
-            self._run = (schedule.start() if isinstance(schedule, OnlineSchedule)
-                         else _taping_run(schedule))
+            self._run = (
+                schedule.start() if isinstance(schedule, OnlineSchedule) else _taping_run(schedule)
+            )
             self._stream = None
         else:
             self._run = None
@@ -241,12 +242,14 @@ class CheckpointManager:
         if not self.taping:
             raise ScheduleError(
                 "the tape cannot take more time steps: it was already evaluated or "
-                "differentiated. Tape the whole loop before calling the ReducedFunctional.")
+                "differentiated. Tape the whole loop before calling the ReducedFunctional."
+            )
         b = timestep + 1
         if self.n_given is not None and b >= self.n_given:
             raise ScheduleError(
                 f"the loop takes more than n_steps={self.n_given} time steps; pass "
-                f"enable_checkpointing(..., n_steps=<the number of time steps>) or none.")
+                f"enable_checkpointing(..., n_steps=<the number of time steps>) or none."
+            )
         if not self.hold_all:
             self._clear_taping_step(timestep)
         self._hand_capture = {}
@@ -297,7 +300,8 @@ class CheckpointManager:
         if self.n_given is not None and N != self.n_given:
             raise ScheduleError(
                 f"the loop took {N} time steps but enable_checkpointing was given "
-                f"n_steps={self.n_given}; pass the number of steps the loop takes, or none.")
+                f"n_steps={self.n_given}; pass the number of steps the loop takes, or none."
+            )
         if not self.hold_all:
             self._clear_taping_step(N - 1)
         self.graph = g = TapeGraph(tape.timesteps)
@@ -310,15 +314,17 @@ class CheckpointManager:
             if missing:
                 raise MissingValueError(
                     f"the snapshot of step {snap.step} lacks {describe(missing[0])}: it was not "
-                    "read through a block dependency while taping.")
+                    "read through a block dependency while taping."
+                )
         if self._online:
             self._check.stopped(N)
             self._online_saved = copy.deepcopy(self._run)
             self._hand = None
         else:
             if self._check.current != N - 1:
-                raise ScheduleError(f"the schedule stopped at step {self._check.current}, "
-                                    f"not {N - 1}.")
+                raise ScheduleError(
+                    f"the schedule stopped at step {self._check.current}, not {N - 1}."
+                )
             self._prefix_len = self._stream.taken
             self._hand = {bv: (v, None) for bv, v in self._hand_capture.items()}
         self._hand_capture = {}
@@ -349,8 +355,9 @@ class CheckpointManager:
     def evaluate_adj(self, last_block: int, markings: bool) -> None:
         """pyadjoint's hook in ``Tape.evaluate_adj``: the reverse part of the schedule."""
         if last_block != 0:
-            raise NotImplementedError("retrograde.pyadjoint reverses the whole tape only "
-                                      "(last_block=0).")
+            raise NotImplementedError(
+                "retrograde.pyadjoint reverses the whole tape only (last_block=0)."
+            )
         self._ensure_taped()
         seeds = []
         for outs in self.graph.outs:
@@ -375,7 +382,8 @@ class CheckpointManager:
         if not self.seeds:
             raise ValueError(
                 "hessian() needs the adjoint seed of a derivative: call rf.derivative() before "
-                "rf.hessian(...), as with pyadjoint's own tape.")
+                "rf.hessian(...), as with pyadjoint's own tape."
+            )
         if not self._tangent_first or self._consumed:
             self._first_sweep(tangent=True, markings=markings)
         with stop_annotating():
@@ -443,8 +451,15 @@ class CheckpointManager:
         reverse part runs a first sweep again (``N`` step evaluations) at the same controls."""
         if self._consumed:
             self._first_sweep(tangent=hessian, markings=markings)
-        sweep = _Sweep(self, self._persistent, self._checked, temp=set(), tangent=hessian,
-                       markings=markings, hessian=hessian)
+        sweep = _Sweep(
+            self,
+            self._persistent,
+            self._checked,
+            temp=set(),
+            tangent=hessian,
+            markings=markings,
+            hessian=hessian,
+        )
         self._persistent = {}
         self._consumed = True
         try:
@@ -456,7 +471,8 @@ class CheckpointManager:
                 sweep.run(self._reverse_actions())
                 if sweep.check.next_record != -1:
                     raise ScheduleError(
-                        f"the schedule ended before step {sweep.check.next_record} was recorded.")
+                        f"the schedule ended before step {sweep.check.next_record} was recorded."
+                    )
         finally:
             for snap in list(sweep.slots.values()) + list(sweep.temp):
                 snap.release()
@@ -472,8 +488,16 @@ class _Sweep(Executor):
     released when it ends, also on an exception).
     """
 
-    def __init__(self, m: CheckpointManager, slots: dict, check: Simulator, temp: set | None,
-                 tangent: bool, markings: bool, hessian: bool = False):
+    def __init__(
+        self,
+        m: CheckpointManager,
+        slots: dict,
+        check: Simulator,
+        temp: set | None,
+        tangent: bool,
+        markings: bool,
+        hessian: bool = False,
+    ):
         self.m = m
         self.g = m.graph
         self.slots = slots
@@ -488,9 +512,14 @@ class _Sweep(Executor):
         if m.functional is not None:
             self.protect.add(m.functional)
         controls = m._controls
-        self.blocks = self.g.steps if not controls else [
-            [b for b in blocks if not any(bv in controls for bv in b.get_outputs())]
-            for blocks in self.g.steps]
+        self.blocks = (
+            self.g.steps
+            if not controls
+            else [
+                [b for b in blocks if not any(bv in controls for bv in b.get_outputs())]
+                for blocks in self.g.steps
+            ]
+        )
 
     # Executor.run returns the executor; this one returns the count of actions run (the first
     # sweep's prefix length). TODO: a name of its own.
@@ -535,8 +564,7 @@ class _Sweep(Executor):
             try:
                 value, tangent = values[bv]
             except KeyError:
-                raise MissingValueError(
-                    f"step {n}: the snapshot lacks {describe(bv)}.") from None
+                raise MissingValueError(f"step {n}: the snapshot lacks {describe(bv)}.") from None
             bv._checkpoint = value
             if self.tangent:
                 bv.tlm_value = tangent

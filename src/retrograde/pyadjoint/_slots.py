@@ -31,8 +31,15 @@ from pyadjoint.tape import stop_annotating
 from .._store import Disk, level_storage
 from ..schedules import Level
 
-__all__ = ["MemoryStore", "DiskStore", "PackageDiskStore", "open_store", "is_delegated",
-           "materialise", "as_checkpoint"]
+__all__ = [
+    "MemoryStore",
+    "DiskStore",
+    "PackageDiskStore",
+    "open_store",
+    "is_delegated",
+    "materialise",
+    "as_checkpoint",
+]
 
 
 def is_delegated(value) -> bool:

@@ -31,8 +31,16 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar, NamedTuple, Self
 
 __all__ = [
-    "Advance", "Store", "Restore", "Free", "Record", "End", "Action", "ScheduleError",
-    "Executor", "relabel",
+    "Advance",
+    "Store",
+    "Restore",
+    "Free",
+    "Record",
+    "End",
+    "Action",
+    "ScheduleError",
+    "Executor",
+    "relabel",
 ]
 
 
@@ -121,7 +129,11 @@ class ScheduleError(RuntimeError):
 
 
 _METHODS = {
-    Advance: "advance", Store: "store", Restore: "restore", Free: "free", Record: "record",
+    Advance: "advance",
+    Store: "store",
+    Restore: "restore",
+    Free: "free",
+    Record: "record",
     End: "end",
 }
 

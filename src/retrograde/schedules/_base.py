@@ -15,8 +15,14 @@ from ._actions import Action, Advance, Free, ScheduleError, Store
 STORAGES = ("device", "host", "disk")
 
 __all__ = [
-    "Level", "Schedule", "OfflineSchedule", "OnlineSchedule", "OnlineRun", "check_steps",
-    "check_snapshots", "schedule_stream",
+    "Level",
+    "Schedule",
+    "OfflineSchedule",
+    "OnlineSchedule",
+    "OnlineRun",
+    "check_steps",
+    "check_snapshots",
+    "schedule_stream",
 ]
 
 

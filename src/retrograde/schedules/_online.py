@@ -40,8 +40,15 @@ from ._optimum import optimum, repetition
 from ._revolve import reverse_held
 
 __all__ = [
-    "Online", "online_decisions", "online_store_slot", "online_targets", "online_totals",
-    "reverse_segments", "segment_cost", "thinning_slot", "thinning_spacing",
+    "Online",
+    "online_decisions",
+    "online_store_slot",
+    "online_targets",
+    "online_totals",
+    "reverse_segments",
+    "segment_cost",
+    "thinning_slot",
+    "thinning_spacing",
 ]
 
 
