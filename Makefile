@@ -1,15 +1,15 @@
-# Two commands for a fresh machine: `make demo` and `make test`.
-# Both create .venv (if missing) and install the package from this checkout.
+# Two commands for a fresh machine: `make demo` and `make test` (and `make lint` for the checks).
+# Each creates .venv (if missing) and installs the package from this checkout.
 PYTHON ?= python3
-# Extras to install: `test` pulls in `diffrax` and `plot` (what the tests and demo import);
-# `make test EXTRAS=test,mpi` adds mpi4py (needs an MPI library).
-EXTRAS ?= test
+# Extras to install: `test` pulls in `diffrax` and `plot` (what the tests and demo import), `lint`
+# ruff and mypy; `make test EXTRAS=test,lint,mpi` adds mpi4py (needs an MPI library).
+EXTRAS ?= test,lint
 VENV   := .venv
 PY     := $(VENV)/bin/python
 comma  := ,
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: demo test test-all bench compat clean
+.PHONY: demo test test-all lint bench compat clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,16 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# ruff (lint rules and formatting) over the tree, mypy over src/ (configuration: pyproject.toml).
+# mypy reads the installed dependencies' types, so the lint extra goes on top of EXTRAS (one
+# install when EXTRAS already names it, as the default and .ci/run do).
+LINT_EXTRAS := $(if $(filter lint,$(subst $(comma), ,$(EXTRAS))),$(EXTRAS),$(EXTRAS)$(comma)lint)
+lint:
+	$(MAKE) EXTRAS=$(LINT_EXTRAS) $(VENV)/.installed-$(subst $(comma),-,$(LINT_EXTRAS))
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy src/retrograde
 
 # Everything, the slow tests included.
 test-all: $(STAMP)
@@ -41,4 +51,4 @@ bench: $(STAMP)
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b --quick || exit 1; done
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .hypothesis demo_schedule.png
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache demo_schedule.png

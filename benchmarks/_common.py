@@ -80,5 +80,9 @@ def print_table(title, header, rows, markdown, left=1):
         print(title)
         widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
         for line in [header, *rows]:
-            print("  ".join(c.ljust(w) if i < left else c.rjust(w)
-                            for i, (c, w) in enumerate(zip(line, widths))))
+            print(
+                "  ".join(
+                    c.ljust(w) if i < left else c.rjust(w)
+                    for i, (c, w) in enumerate(zip(line, widths))
+                )
+            )

@@ -35,15 +35,16 @@ import os
 
 os.environ.setdefault("JAX_ENABLE_X64", "1")
 
-import diffrax  # noqa: E402
-import equinox as eqx  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import jax.random as jr  # noqa: E402
-import numpy as np  # noqa: E402
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
 
-from _common import prepare, time_round_robin  # noqa: E402
-from retrograde.diffrax import CheckpointAdjoint  # noqa: E402
+from retrograde.diffrax import CheckpointAdjoint
+
+from _common import prepare, time_round_robin
 
 BATCH, DIM, WIDTH, DEPTH = 64, 2, 64, 2
 T1 = 1.0
@@ -62,11 +63,19 @@ def make_loss(static, y0, adjoint, run, with_steps=False):
     network's parameters; with ``with_steps``, also the number of steps the solve took."""
     kind, n = run
     if kind == "const":
-        kw = dict(stepsize_controller=diffrax.ConstantStepSize(), dt0=T1 / n, max_steps=n,
-                  saveat=diffrax.SaveAt(t1=True))
+        kw = dict(
+            stepsize_controller=diffrax.ConstantStepSize(),
+            dt0=T1 / n,
+            max_steps=n,
+            saveat=diffrax.SaveAt(t1=True),
+        )
     else:
-        kw = dict(stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-6), dt0=0.01,
-                  max_steps=4096, saveat=diffrax.SaveAt(ts=jnp.linspace(0.0, n, 100)))
+        kw = dict(
+            stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-6),
+            dt0=0.01,
+            max_steps=4096,
+            saveat=diffrax.SaveAt(ts=jnp.linspace(0.0, n, 100)),
+        )
     t1 = T1 if kind == "const" else n
 
     def loss(params):
@@ -75,8 +84,9 @@ def make_loss(static, y0, adjoint, run, with_steps=False):
         def vf(t, y, net):  # the network goes in as args (BacksolveAdjoint needs that)
             return jax.vmap(net)(y) - 0.1 * y
 
-        sol = diffrax.diffeqsolve(diffrax.ODETerm(vf), diffrax.Tsit5(), 0.0, t1, y0=y0,
-                                  args=model, adjoint=adjoint, **kw)
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(vf), diffrax.Tsit5(), 0.0, t1, y0=y0, args=model, adjoint=adjoint, **kw
+        )
         out = jnp.mean(sol.ys**2)
         return (out, sol.stats["num_steps"]) if with_steps else out
 
@@ -96,8 +106,14 @@ def derivative(loss, order, v):
         return jax.grad(loss)
 
     def rev_rev(p):
-        return jax.grad(lambda q: sum(jnp.vdot(a, b) for a, b in zip(
-            jax.tree_util.tree_leaves(jax.grad(loss)(q)), jax.tree_util.tree_leaves(v))))(p)
+        return jax.grad(
+            lambda q: sum(
+                jnp.vdot(a, b)
+                for a, b in zip(
+                    jax.tree_util.tree_leaves(jax.grad(loss)(q)), jax.tree_util.tree_leaves(v)
+                )
+            )
+        )(p)
 
     return rev_rev
 
@@ -129,23 +145,35 @@ def acceptance(repeats: int) -> None:
     model, y0 = make_problem()
     params, static = eqx.partition(model, eqx.is_array)
     names = ("CheckpointAdjoint", "RecursiveCheckpoint")
-    print(f"first-order gradient, {repeats} alternating repeats (seconds; ratio = "
-          "CheckpointAdjoint / RecursiveCheckpoint)")
+    print(
+        f"first-order gradient, {repeats} alternating repeats (seconds; ratio = "
+        "CheckpointAdjoint / RecursiveCheckpoint)"
+    )
     print("| run | steps | adjoint | min | p20 | median |")
     print("|---|---:|---|---:|---:|---:|")
     for run in ACCEPTANCE_RUNS:
         count = make_loss(static, y0, diffrax.RecursiveCheckpointAdjoint(), run, with_steps=True)
         steps = int(jax.jit(count)(params)[1])
-        compiled = {name: prepare(jax.grad(make_loss(static, y0, ADJOINTS[name](), run)), params)[0]
-                    for name in names}
-        stats = {name: _stats(v) for name, v in time_round_robin(compiled, (params,), repeats).items()}
+        compiled = {
+            name: prepare(jax.grad(make_loss(static, y0, ADJOINTS[name](), run)), params)[0]
+            for name in names
+        }
+        stats = {
+            name: _stats(v) for name, v in time_round_robin(compiled, (params,), repeats).items()
+        }
         label = run_label(run)
         for name in names:
-            print(f"| {label} | {steps} | {name} | " + " | ".join(f"{x:.3f}" for x in stats[name])
-                  + " |", flush=True)
+            print(
+                f"| {label} | {steps} | {name} | "
+                + " | ".join(f"{x:.3f}" for x in stats[name])
+                + " |",
+                flush=True,
+            )
         ratio = [a / b for a, b in zip(*stats.values())]
-        print(f"| {label} | {steps} | ratio | " + " | ".join(f"{x:.3f}" for x in ratio) + " |",
-              flush=True)
+        print(
+            f"| {label} | {steps} | ratio | " + " | ".join(f"{x:.3f}" for x in ratio) + " |",
+            flush=True,
+        )
         del compiled
 
 
@@ -155,30 +183,45 @@ def _stats(v):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="N = 200 and a short adaptive run")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--adjoints", default=",".join(ADJOINTS))
     ap.add_argument("--orders", default="grad,hvp")
     ap.add_argument("--no-skip", action="store_true", help="also run the combinations in SKIP")
-    ap.add_argument("--runs", default=None,
-                    help="e.g. const:1000,adaptive:5 (constant N steps / adaptive on [0, T])")
-    ap.add_argument("--acceptance", action="store_true",
-                    help="time the first-order gradient against RecursiveCheckpoint at ~4000 steps")
+    ap.add_argument(
+        "--runs",
+        default=None,
+        help="e.g. const:1000,adaptive:5 (constant N steps / adaptive on [0, T])",
+    )
+    ap.add_argument(
+        "--acceptance",
+        action="store_true",
+        help="time the first-order gradient against RecursiveCheckpoint at ~4000 steps",
+    )
     args = ap.parse_args()
     if args.acceptance:
         acceptance(args.repeats or 9)
         return
-    runs = [("const", 200), ("adaptive", 2.0)] if args.quick else [
-        ("const", 1000), ("const", 4000), ("adaptive", 5.0)]
+    runs = (
+        [("const", 200), ("adaptive", 2.0)]
+        if args.quick
+        else [("const", 1000), ("const", 4000), ("adaptive", 5.0)]
+    )
     if args.runs:
-        runs = [(k, int(v) if k == "const" else float(v))
-                for k, v in (r.split(":") for r in args.runs.split(","))]
+        runs = [
+            (k, int(v) if k == "const" else float(v))
+            for k, v in (r.split(":") for r in args.runs.split(","))
+        ]
     repeats = args.repeats or (1 if args.quick else 2)
     model, y0 = make_problem()
     params, static = eqx.partition(model, eqx.is_array)
-    v = jax.tree_util.tree_map(lambda x: jnp.cos(jnp.arange(x.size, dtype=x.dtype)).reshape(x.shape), params)
+    v = jax.tree_util.tree_map(
+        lambda x: jnp.cos(jnp.arange(x.size, dtype=x.dtype)).reshape(x.shape), params
+    )
     rows = []
     for run in runs:
         label = run_label(run)
@@ -196,7 +239,9 @@ def main():
                 try:
                     c, out, c_s, temp = prepare(derivative(loss, order, v), params)
                 except Exception as e:  # noqa: BLE001 - reported in the table
-                    msg = str(e).strip().splitlines()[0][:70] if str(e).strip() else type(e).__name__
+                    msg = (
+                        str(e).strip().splitlines()[0][:70] if str(e).strip() else type(e).__name__
+                    )
                     results[name] = (None, None, None, None, f"fails: {type(e).__name__}: {msg}")
                     continue
                 compiled[name] = c
@@ -216,7 +261,10 @@ def main():
                 print_row(rows[-1], markdown=False, flush=not args.markdown)
     if args.markdown:
         print()
-        print("| run | derivative | adjoint | compile s | run s | temp MiB | rel. error vs Direct | note |")
+        print(
+            "| run | derivative | adjoint | compile s | run s | temp MiB "
+            "| rel. error vs Direct | note |"
+        )
         print("|---|---|---|---:|---:|---:|---:|---|")
         for row in rows:
             print_row(row, markdown=True)
@@ -228,13 +276,25 @@ def fmt(x, f):
 
 def print_row(row, markdown, flush=True):
     label, order, name, c_s, r_s, temp, err, note = row
-    cells = [label, order, name, fmt(c_s, "{:.1f}"), fmt(r_s, "{:.3f}"),
-             fmt(None if temp is None else temp / 2**20, "{:.2f}"), fmt(err, "{:.1e}"), note]
+    cells = [
+        label,
+        order,
+        name,
+        fmt(c_s, "{:.1f}"),
+        fmt(r_s, "{:.3f}"),
+        fmt(None if temp is None else temp / 2**20, "{:.2f}"),
+        fmt(err, "{:.1e}"),
+        note,
+    ]
     if markdown:
         print("| " + " | ".join(cells) + " |")
     else:
-        print("{:<16} {:<5} {:<20} compile {:>6}s run {:>7}s temp {:>8} MiB err {:>8} {}".format(*cells),
-              flush=flush)
+        print(
+            "{:<16} {:<5} {:<20} compile {:>6}s run {:>7}s temp {:>8} MiB err {:>8} {}".format(
+                *cells
+            ),
+            flush=flush,
+        )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import retrograde  # noqa: E402
-from _common import nested_remat, nested_shape, print_table  # noqa: E402
 from retrograde.schedules import Revolve  # noqa: E402
+
+from _common import nested_remat, nested_shape, print_table  # noqa: E402
 
 DT = 0.01
 
@@ -105,7 +106,7 @@ def measure_all(fns, args, repeats: int):
         compiled[key] = c
         print(f"  compiled {key}: temp {temps[key] / 2**20:.2f} MiB", flush=True)
     times = {k: [] for k in fns}
-    for r in range(repeats):
+    for _r in range(repeats):
         for key, c in compiled.items():
             if warm[key] < 1.0:  # an untimed call first: the previous entry's clean-up
                 jax.block_until_ready(c(*args))
@@ -134,8 +135,18 @@ def run_n(n: int, carry: int, s: int, repeats: int, markdown: bool):
 
     ref_name = "lax.scan"
     nested_name = names[2]
-    header = ["derivative", "loop", "temp MiB", "temp / carry", "time ms", "time / lax.scan",
-              "time / nested", "mem / lax.scan", "mem / nested", "rel. err vs lax.scan"]
+    header = [
+        "derivative",
+        "loop",
+        "temp MiB",
+        "temp / carry",
+        "time ms",
+        "time / lax.scan",
+        "time / nested",
+        "mem / lax.scan",
+        "mem / nested",
+        "rel. err vs lax.scan",
+    ]
     rows = []
     for op in OPS:
         t_ref, t_nest = res[(op, ref_name)][1], res[(op, nested_name)][1]
@@ -144,12 +155,24 @@ def run_n(n: int, carry: int, s: int, repeats: int, markdown: bool):
         for name in names:
             temp, t, val = res[(op, name)]
             err = np.linalg.norm(val - val_ref) / max(np.linalg.norm(val_ref), 1e-300)
-            rows.append([op, name, f"{temp / 2**20:.2f}", f"{temp / carry_bytes:.1f}",
-                         f"{t * 1e3:.1f}", f"{t / t_ref:.2f}", f"{t / t_nest:.2f}",
-                         f"{temp / m_ref:.3f}", f"{temp / m_nest:.2f}",
-                         "-" if name == ref_name else f"{err:.1e}"])
-    title = (f"N = {n}, carry = {carry} float64 ({carry_bytes / 1024:.1f} KiB), s = {s}, "
-             f"median of {repeats} (jax {jax.__version__}, {jax.devices()[0].platform})")
+            rows.append(
+                [
+                    op,
+                    name,
+                    f"{temp / 2**20:.2f}",
+                    f"{temp / carry_bytes:.1f}",
+                    f"{t * 1e3:.1f}",
+                    f"{t / t_ref:.2f}",
+                    f"{t / t_nest:.2f}",
+                    f"{temp / m_ref:.3f}",
+                    f"{temp / m_nest:.2f}",
+                    "-" if name == ref_name else f"{err:.1e}",
+                ]
+            )
+    title = (
+        f"N = {n}, carry = {carry} float64 ({carry_bytes / 1024:.1f} KiB), s = {s}, "
+        f"median of {repeats} (jax {jax.__version__}, {jax.devices()[0].platform})"
+    )
     print_table(title, header, rows, markdown, left=2)
 
     retro = names[0]
@@ -158,8 +181,10 @@ def run_n(n: int, carry: int, s: int, repeats: int, markdown: bool):
     ratio = th / t1
     print()
     bullet = "- " if markdown else "  "
-    print(f"{bullet}{retro}: HVP time / first-order time = {ratio:.2f} (target <= 4): "
-          f"{'PASS' if ratio <= 4 else 'MISS'}")
+    print(
+        f"{bullet}{retro}: HVP time / first-order time = {ratio:.2f} (target <= 4): "
+        f"{'PASS' if ratio <= 4 else 'MISS'}"
+    )
     for op in OPS[1:]:
         base = res[("first order", retro)][0]
         print(f"{bullet}{retro}: {op} temp / first-order temp = {res[(op, retro)][0] / base:.2f}")
@@ -170,8 +195,11 @@ def main(ns, carry, s, repeats, markdown):
     temps = {n: run_n(n, carry, s, repeats, markdown) for n in ns}
     if len(ns) > 1:
         print()
-        print("**retrograde temp memory against N (must not grow):**\n" if markdown
-              else "retrograde temp memory against N (must not grow):")
+        print(
+            "**retrograde temp memory against N (must not grow):**\n"
+            if markdown
+            else "retrograde temp memory against N (must not grow):"
+        )
         for op in OPS:
             vals = ", ".join(f"N={n}: {temps[n][op]} B" for n in ns)
             print(f"{'- ' if markdown else '  '}{op}: {vals}")
@@ -179,10 +207,16 @@ def main(ns, carry, s, repeats, markdown):
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ns", type=int, nargs="+", default=None,
-                    help="step counts (default 1000 10000; --quick: 10000)")
-    ap.add_argument("--carry", type=int, default=None,
-                    help="carry size in float64 (default 500; --quick: 200)")
+    ap.add_argument(
+        "--ns",
+        type=int,
+        nargs="+",
+        default=None,
+        help="step counts (default 1000 10000; --quick: 10000)",
+    )
+    ap.add_argument(
+        "--carry", type=int, default=None, help="carry size in float64 (default 500; --quick: 200)"
+    )
     ap.add_argument("--snapshots", type=int, default=16, help="Revolve slots s (default 16)")
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats (3; 2 with --quick)")
     ap.add_argument("--quick", action="store_true", help="a ~1 minute version")

@@ -141,7 +141,7 @@ def measure_costs(heat, u0, q, tmpdir):
         heat.forward(n, u, q)
     t_step = (time.perf_counter() - t0) / 5
     store = rh.Disk(tmpdir).open()
-    leaves, treedef = jax.tree_util.tree_flatten(u)
+    _leaves, treedef = jax.tree_util.tree_flatten(u)
     t0 = time.perf_counter()
     snaps = [store.put(i, [u + i], treedef) for i in range(3)]
     t_w = (time.perf_counter() - t0) / 3
@@ -170,6 +170,7 @@ def run_row(row, steps, size, snapshots):
         out["J"] = 0.5 * float(np.dot(u, u))
         out["evals"] = steps
     elif row == "pyrevolve":
+
         class WS:
             u = u0.copy()
             prev = np.empty(size)
@@ -219,16 +220,18 @@ def run_row(row, steps, size, snapshots):
             tmp = tempfile.mkdtemp(prefix="retrograde-bench-")
             w, r = measure_costs(heat, u0, q, tmp)
             out["disk_costs"] = (w, r)
-            sched = rs.MultiLevel([rs.Level(5, name="memory"),
-                                   rs.Level(50, write_cost=w, read_cost=r, name="disk")])
+            sched = rs.MultiLevel(
+                [rs.Level(5, name="memory"), rs.Level(50, write_cost=w, read_cost=r, name="disk")]
+            )
             storage = {"memory": rh.Memory(), "disk": rh.Disk(tmp)}
             t0 = time.perf_counter()
         else:
             raise SystemExit(f"unknown row {row!r}; choose from {ROWS}")
         ram = [i for i, lvl in enumerate(sched.levels) if "disk" not in (lvl.name or "")]
         out["ram_slots"] = sum(sched.max_slots(steps)[i] for i in ram)
-        J, g = rh.value_and_grad(step, loss, u0, q, steps, schedule=sched, storage=storage,
-                                 progress=False)
+        J, g = rh.value_and_grad(
+            step, loss, u0, q, steps, schedule=sched, storage=storage, progress=False
+        )
         out["J"] = J
         stats = rs.simulate(sched, steps)
         out["evals"] = stats.plain + 1 + steps
@@ -261,7 +264,7 @@ def closures(calls: int, mib: float):
 
     jax.config.update("jax_enable_x64", True)
     size = int(mib * 2**20 / 8)
-    loss = rh.Final(lambda n, u, a: jnp.sum(u ** 2))
+    loss = rh.Final(lambda n, u, a: jnp.sum(u**2))
 
     def make(seed):
         big = np.random.default_rng(seed).standard_normal(size)
@@ -271,8 +274,10 @@ def closures(calls: int, mib: float):
 
         return step
 
-    print(f"# retrograde.host: {calls} value_and_grad calls, each with a new JAX step closure "
-          f"capturing {mib:g} MiB; python {sys.version.split()[0]}, jax {jax.__version__}")
+    print(
+        f"# retrograde.host: {calls} value_and_grad calls, each with a new JAX step closure "
+        f"capturing {mib:g} MiB; python {sys.version.split()[0]}, jax {jax.__version__}"
+    )
     print("| call | RSS (MiB) | since call 5 (MiB) | in captured arrays |")
     print("|---|---|---|---|")
     rss, ref = [], None
@@ -287,8 +292,10 @@ def closures(calls: int, mib: float):
             states = "" if ref is None else f"{(rss[-1] - ref) / mib:+.2f}"
             print(f"| {i} | {rss[-1]:.0f} | {growth} | {states} |", flush=True)
     if ref is not None:
-        print(f"\nRSS after call 5: {ref:.0f} MiB; largest afterwards {max(rss[4:]):.0f} MiB "
-              f"({(max(rss[4:]) - ref) / mib:+.2f} captured arrays).")
+        print(
+            f"\nRSS after call 5: {ref:.0f} MiB; largest afterwards {max(rss[4:]):.0f} MiB "
+            f"({(max(rss[4:]) - ref) / mib:+.2f} captured arrays)."
+        )
     return 0
 
 
@@ -310,10 +317,18 @@ def main(argv=None):
     ap.add_argument("--size", type=int, default=1_000_000)
     ap.add_argument("--snapshots", type=int, default=20)
     ap.add_argument("--rows", default=",".join(ROWS))
-    ap.add_argument("--closures", type=int, metavar="K",
-                    help="instead: K value_and_grad calls, each with a new JAX step closure")
-    ap.add_argument("--closure-mib", type=float, default=64.0,
-                    help="MiB captured by each closure (with --closures; default 64)")
+    ap.add_argument(
+        "--closures",
+        type=int,
+        metavar="K",
+        help="instead: K value_and_grad calls, each with a new JAX step closure",
+    )
+    ap.add_argument(
+        "--closure-mib",
+        type=float,
+        default=64.0,
+        help="MiB captured by each closure (with --closures; default 64)",
+    )
     ap.add_argument("--row", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.row:
@@ -322,15 +337,19 @@ def main(argv=None):
         return closures(args.closures, args.closure_mib)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     state_mib = args.size * 8 / 2**20
-    print(f"# retrograde.host benchmark: NumPy heat step, state {state_mib:.1f} MiB "
-          f"({args.size} float64), N = {args.steps}, python {sys.version.split()[0]}")
+    print(
+        f"# retrograde.host benchmark: NumPy heat step, state {state_mib:.1f} MiB "
+        f"({args.size} float64), N = {args.steps}, python {sys.version.split()[0]}"
+    )
     results = {}
     for row in rows:
         if row == "storeall":
             need = state_mib * args.steps * 1.1 + 1024
             if need > 0.8 * mem_available_mib():
-                results[row] = {"skipped": f"needs ~{need / 1024:.1f} GiB, "
-                                f"{mem_available_mib() / 1024:.1f} GiB available"}
+                results[row] = {
+                    "skipped": f"needs ~{need / 1024:.1f} GiB, "
+                    f"{mem_available_mib() / 1024:.1f} GiB available"
+                }
                 continue
         if row == "pyrevolve":
             try:
@@ -338,8 +357,18 @@ def main(argv=None):
             except ImportError:
                 results[row] = {"skipped": "pyrevolve not installed (pip install pyrevolve)"}
                 continue
-        cmd = [sys.executable, os.path.abspath(__file__), "--row", row, "--steps",
-               str(args.steps), "--size", str(args.size), "--snapshots", str(args.snapshots)]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--row",
+            row,
+            "--steps",
+            str(args.steps),
+            "--size",
+            str(args.size),
+            "--snapshots",
+            str(args.snapshots),
+        ]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         stdout, stderr = proc.communicate()
         # per-child peak RSS: wait4 already reaped it inside communicate, so use the child's own
@@ -362,8 +391,10 @@ def main(argv=None):
     base = results.get("forward", {})
     ref_grad = next((r["grad"] for r in results.values() if "grad" in r), None)
     print()
-    print("| row | time (s) | time / forward | peak RSS (MiB) | peak - baseline (MiB) "
-          "| in states | RAM slots | plan (states) | step evaluations | gradient agrees |")
+    print(
+        "| row | time (s) | time / forward | peak RSS (MiB) | peak - baseline (MiB) "
+        "| in states | RAM slots | plan (states) | step evaluations | gradient agrees |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         r = results.get(row, {})
@@ -375,21 +406,37 @@ def main(argv=None):
         extra = r["vmhwm_mib"] - r["base_mib"]
         agree = ""
         if "grad" in r and ref_grad is not None:
-            agree = "yes" if abs(r["grad"] - ref_grad) <= 1e-9 * max(1.0, abs(ref_grad)) else (
-                f"NO ({r['grad']:.12g} vs {ref_grad:.12g})")
-        note = f" (disk w/r cost {r['disk_costs'][0]}/{r['disk_costs'][1]} steps)" \
-            if "disk_costs" in r else ""
+            agree = (
+                "yes"
+                if abs(r["grad"] - ref_grad) <= 1e-9 * max(1.0, abs(ref_grad))
+                else (f"NO ({r['grad']:.12g} vs {ref_grad:.12g})")
+            )
+        note = (
+            f" (disk w/r cost {r['disk_costs'][0]}/{r['disk_costs'][1]} steps)"
+            if "disk_costs" in r
+            else ""
+        )
         slots = r.get("ram_slots")
         plan = "" if slots is None else f"{slots} + 2 + 1 = {slots + 3}"
-        print(f"| {name}{note} | {r['time']:.1f} | {t_ratio:.2f} | {r['vmhwm_mib']:.0f} "
-              f"| {extra:.0f} | {extra / state_mib:.1f} | {'' if slots is None else slots} "
-              f"| {plan} | {r['evals']} | {agree} |")
-    print("\nplan: the schedule's RAM slots + 2 states (at hand, cotangent) + the gradient of q "
-          "(1 state); peak and baseline are RSS, which also holds allocator slack.")
-    if "revolve" in results and "pyrevolve" in results and "time" in results["pyrevolve"] \
-            and "time" in results["revolve"]:
-        print(f"\nretrograde Revolve / pyrevolve time ratio: "
-              f"{results['revolve']['time'] / results['pyrevolve']['time']:.2f}")
+        print(
+            f"| {name}{note} | {r['time']:.1f} | {t_ratio:.2f} | {r['vmhwm_mib']:.0f} "
+            f"| {extra:.0f} | {extra / state_mib:.1f} | {'' if slots is None else slots} "
+            f"| {plan} | {r['evals']} | {agree} |"
+        )
+    print(
+        "\nplan: the schedule's RAM slots + 2 states (at hand, cotangent) + the gradient of q "
+        "(1 state); peak and baseline are RSS, which also holds allocator slack."
+    )
+    if (
+        "revolve" in results
+        and "pyrevolve" in results
+        and "time" in results["pyrevolve"]
+        and "time" in results["revolve"]
+    ):
+        print(
+            f"\nretrograde Revolve / pyrevolve time ratio: "
+            f"{results['revolve']['time'] / results['pyrevolve']['time']:.2f}"
+        )
     return 0
 
 

@@ -37,7 +37,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import print_table  # noqa: E402
+from _common import print_table
 
 
 def _schedule(row, device, slots, costs, directory):
@@ -47,9 +47,19 @@ def _schedule(row, device, slots, costs, directory):
         return Revolve(device)
     storage = "host" if row == "host" else "disk"
     w, r = costs[storage]
-    return MultiLevel([Level(device, name="device"),
-                       Level(slots, w, r, name=storage, storage=storage,
-                             directory=directory if storage == "disk" else None)])
+    return MultiLevel(
+        [
+            Level(device, name="device"),
+            Level(
+                slots,
+                w,
+                r,
+                name=storage,
+                storage=storage,
+                directory=directory if storage == "disk" else None,
+            ),
+        ]
+    )
 
 
 def _status(key):
@@ -105,16 +115,28 @@ def _child(args):
     peak = _status("VmHWM")
     st = retrograde.loops.offload_stats()
     stats = simulate(schedule, args.steps)
-    print(json.dumps(dict(
-        name=repr(schedule) if args.child == "revolve" else
-        f"MultiLevel({args.device_slots} device + {args.host_slots} {args.child})",
-        evaluations=calls[0], expected=stats.plain + 1 + args.steps, plain=stats.plain,
-        writes=st.writes.get(1, 0), reads=st.reads.get(1, 0),
-        sim_writes=list(stats.writes), sim_reads=list(stats.reads),
-        write_ms=1e3 * st.write_seconds.get(1, 0.0) / max(st.writes.get(1, 0), 1),
-        read_ms=1e3 * st.read_seconds.get(1, 0.0) / max(st.reads.get(1, 0), 1),
-        temp=temp, compile_s=compile_s, run_s=run_s, rss=max(peak - base, 0),
-    )))
+    print(
+        json.dumps(
+            dict(
+                name=repr(schedule)
+                if args.child == "revolve"
+                else f"MultiLevel({args.device_slots} device + {args.host_slots} {args.child})",
+                evaluations=calls[0],
+                expected=stats.plain + 1 + args.steps,
+                plain=stats.plain,
+                writes=st.writes.get(1, 0),
+                reads=st.reads.get(1, 0),
+                sim_writes=list(stats.writes),
+                sim_reads=list(stats.reads),
+                write_ms=1e3 * st.write_seconds.get(1, 0.0) / max(st.writes.get(1, 0), 1),
+                read_ms=1e3 * st.read_seconds.get(1, 0.0) / max(st.reads.get(1, 0), 1),
+                temp=temp,
+                compile_s=compile_s,
+                run_s=run_s,
+                rss=max(peak - base, 0),
+            )
+        )
+    )
 
 
 def _costs(state_mib, directory):
@@ -157,15 +179,31 @@ def main():
     step_s, transfers, costs = _costs(args.state_mib, directory)
     print(f"state {args.state_mib} MiB, N = {args.steps}; one step {step_s * 1e3:.1f} ms")
     for t in transfers:
-        print(f"  {t.storage}: write {t.write_seconds * 1e3:.1f} ms "
-              f"({costs[t.storage][0]:.2f} steps), read {t.read_seconds * 1e3:.1f} ms "
-              f"({costs[t.storage][1]:.2f} steps)")
+        print(
+            f"  {t.storage}: write {t.write_seconds * 1e3:.1f} ms "
+            f"({costs[t.storage][0]:.2f} steps), read {t.read_seconds * 1e3:.1f} ms "
+            f"({costs[t.storage][1]:.2f} steps)"
+        )
     results = []
     for row in args.rows.split(","):
-        cmd = [sys.executable, __file__, "--child", row, "--costs", json.dumps(costs),
-               "--steps", str(args.steps), "--state-mib", str(args.state_mib),
-               "--device-slots", str(args.device_slots), "--host-slots", str(args.host_slots),
-               "--directory", directory]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            row,
+            "--costs",
+            json.dumps(costs),
+            "--steps",
+            str(args.steps),
+            "--state-mib",
+            str(args.state_mib),
+            "--device-slots",
+            str(args.device_slots),
+            "--host-slots",
+            str(args.host_slots),
+            "--directory",
+            directory,
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode:
             sys.exit(f"row {row} failed:\n{out.stderr[-4000:]}")
@@ -173,21 +211,42 @@ def main():
         print(f"  done: {results[-1]['name']} in {results[-1]['run_s']:.0f} s", flush=True)
     mib = 2**20
     state = args.state_mib * mib
-    header = ["schedule", "evaluations", "(simulate)", "slow writes", "slow reads",
-              "in-store ms/write", "in-store ms/read", "temp (states)", "peak RSS", "run (s)"]
+    header = [
+        "schedule",
+        "evaluations",
+        "(simulate)",
+        "slow writes",
+        "slow reads",
+        "in-store ms/write",
+        "in-store ms/read",
+        "temp (states)",
+        "peak RSS",
+        "run (s)",
+    ]
     rows = []
     for r in results:
-        rows.append([
-            r["name"], f"{r['evaluations']:,}", f"{r['expected']:,}",
-            f"{r['writes']:,}" if r["sim_writes"][1:] else "-",
-            f"{r['reads']:,}" if r["sim_reads"][1:] else "-",
-            f"{r['write_ms']:.1f}" if r["writes"] else "-",
-            f"{r['read_ms']:.1f}" if r["reads"] else "-",
-            f"{r['temp'] / state:.1f}", f"{r['rss'] / mib:,.0f} MiB", f"{r['run_s']:.0f}",
-        ])
-    print_table(f"Gradient of {args.steps} steps of a {args.state_mib} MiB state, "
-                f"{args.device_slots} device slots ({args.device_slots * args.state_mib} MiB), "
-                f"{args.host_slots} host or disk slots", header, rows, args.markdown)
+        rows.append(
+            [
+                r["name"],
+                f"{r['evaluations']:,}",
+                f"{r['expected']:,}",
+                f"{r['writes']:,}" if r["sim_writes"][1:] else "-",
+                f"{r['reads']:,}" if r["sim_reads"][1:] else "-",
+                f"{r['write_ms']:.1f}" if r["writes"] else "-",
+                f"{r['read_ms']:.1f}" if r["reads"] else "-",
+                f"{r['temp'] / state:.1f}",
+                f"{r['rss'] / mib:,.0f} MiB",
+                f"{r['run_s']:.0f}",
+            ]
+        )
+    print_table(
+        f"Gradient of {args.steps} steps of a {args.state_mib} MiB state, "
+        f"{args.device_slots} device slots ({args.device_slots * args.state_mib} MiB), "
+        f"{args.host_slots} host or disk slots",
+        header,
+        rows,
+        args.markdown,
+    )
 
 
 if __name__ == "__main__":

@@ -64,8 +64,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import retrograde  # noqa: E402
-from _common import nested_remat, nested_shape, prepare, print_table, time_round_robin  # noqa: E402
 from retrograde.schedules import Online, Revolve, StoreAll  # noqa: E402
+
+from _common import nested_remat, nested_shape, prepare, print_table, time_round_robin  # noqa: E402
 
 CASES = ("vmap", "long", "while", "hvp", "diffrax", "compile")
 MiB = 2**20
@@ -94,13 +95,15 @@ def measure(fns, args, repeats):
     prepared = {}
     for name, fn in fns.items():
         prepared[name] = prepare(fn, *args)
-        print(f"  compiled {name}: temp {prepared[name][3] / MiB:.2f} MiB, "
-              f"{prepared[name][2]:.1f} s", flush=True)
-    times = time_round_robin({k: p[0] for k, p in prepared.items()}, args, repeats, clock,
-                             MIN_TIME)
-    return {k: Result(p[3], min(times[k]), statistics.median(times[k]), _flat(p[1]),
-                      len(times[k]))
-            for k, p in prepared.items()}
+        print(
+            f"  compiled {name}: temp {prepared[name][3] / MiB:.2f} MiB, {prepared[name][2]:.1f} s",
+            flush=True,
+        )
+    times = time_round_robin({k: p[0] for k, p in prepared.items()}, args, repeats, clock, MIN_TIME)
+    return {
+        k: Result(p[3], min(times[k]), statistics.median(times[k]), _flat(p[1]), len(times[k]))
+        for k, p in prepared.items()
+    }
 
 
 def calls(res) -> int:
@@ -109,8 +112,9 @@ def calls(res) -> int:
 
 
 def _flat(tree):
-    return np.concatenate([np.ravel(np.asarray(x, np.float64))
-                           for x in jax.tree_util.tree_leaves(tree)])
+    return np.concatenate(
+        [np.ravel(np.asarray(x, np.float64)) for x in jax.tree_util.tree_leaves(tree)]
+    )
 
 
 def rel_err(value, ref) -> float:
@@ -139,9 +143,14 @@ def show_results(title, res, ref, markdown, extra=None):
         header.append(extra[0])
     rows = []
     for name, r in res.items():
-        row = [name, f"{r.temp / MiB:.2f}", f"{r.t_min * 1e3:.2f}", f"{r.t_med * 1e3:.2f}",
-               f"{r.t_med / res[ref].t_med:.2f}",
-               "-" if name == ref else f"{rel_err(r.value, res[ref].value):.1e}"]
+        row = [
+            name,
+            f"{r.temp / MiB:.2f}",
+            f"{r.t_min * 1e3:.2f}",
+            f"{r.t_med * 1e3:.2f}",
+            f"{r.t_med / res[ref].t_med:.2f}",
+            "-" if name == ref else f"{rel_err(r.value, res[ref].value):.1e}",
+        ]
         if extra:
             row.append(extra[1].get(name, ""))
         rows.append(row)
@@ -163,12 +172,14 @@ def case_vmap(repeats, markdown, large=False):
         return lambda u, _: (u + 0.05 * jnp.tanh(w @ u), None)
 
     loops = {
-        f"retrograde Revolve({s})":
-            lambda w, u: retrograde.scan(step_fn(w), u, length=n, schedule=Revolve(s))[0],
+        f"retrograde Revolve({s})": lambda w, u: retrograde.scan(
+            step_fn(w), u, length=n, schedule=Revolve(s)
+        )[0],
         "lax.scan": lambda w, u: jax.lax.scan(step_fn(w), u, length=n)[0],
     }
     fns = {}
     for name, run in loops.items():
+
         def loss(u, w, run=run):
             return jnp.mean(run(w, u) ** 2)
 
@@ -177,21 +188,33 @@ def case_vmap(repeats, markdown, large=False):
     res = measure(fns, (w, u0), repeats)
     retro = f"retrograde Revolve({s})"
     for kind in ("loss", "grad"):
-        show_results(f"vmap: {kind}, N = {n}, {batch} x {dim} float32 states, a {dim} x {dim} "
-                     f"weight closed over, median of {calls(res)}",
-                     {k: v for k, v in res.items() if k.endswith(kind)}, f"lax.scan: {kind}",
-                     markdown)
+        show_results(
+            f"vmap: {kind}, N = {n}, {batch} x {dim} float32 states, a {dim} x {dim} "
+            f"weight closed over, median of {calls(res)}",
+            {k: v for k, v in res.items() if k.endswith(kind)},
+            f"lax.scan: {kind}",
+            markdown,
+        )
     snaps = s * batch * dim * 4
     bound = 2 * res["lax.scan: loss"].temp + snaps
     temp = res[f"{retro}: loss"].temp
     return [
-        Target("vmap", "loss temp memory / (2 x lax.scan's + batched snapshots)", temp / bound,
-               1.0, f"{temp / MiB:.2f} MiB vs 2 x {res['lax.scan: loss'].temp / MiB:.2f} + "
-               f"{snaps / MiB:.2f} MiB"),
-        Target("vmap", f"vmap(grad) time / lax.scan's ({retro})",
-               ratio_of(res, f"{retro}: grad", "lax.scan: grad"), 2.5,
-               f"{res[f'{retro}: grad'].t_med * 1e3:.0f} ms vs "
-               f"{res['lax.scan: grad'].t_med * 1e3:.0f} ms"),
+        Target(
+            "vmap",
+            "loss temp memory / (2 x lax.scan's + batched snapshots)",
+            temp / bound,
+            1.0,
+            f"{temp / MiB:.2f} MiB vs 2 x {res['lax.scan: loss'].temp / MiB:.2f} + "
+            f"{snaps / MiB:.2f} MiB",
+        ),
+        Target(
+            "vmap",
+            f"vmap(grad) time / lax.scan's ({retro})",
+            ratio_of(res, f"{retro}: grad", "lax.scan: grad"),
+            2.5,
+            f"{res[f'{retro}: grad'].t_med * 1e3:.0f} ms vs "
+            f"{res['lax.scan: grad'].t_med * 1e3:.0f} ms",
+        ),
     ]
 
 
@@ -205,7 +228,8 @@ def case_long(repeats, markdown, large=False):
 
     def retro(schedule):
         return lambda theta, u0: jnp.mean(
-            retrograde.scan(step_fn(theta), u0, length=n, schedule=schedule)[0] ** 2)
+            retrograde.scan(step_fn(theta), u0, length=n, schedule=schedule)[0] ** 2
+        )
 
     def lax_loss(theta, u0):
         return jnp.mean(jax.lax.scan(step_fn(theta), u0, length=n)[0] ** 2)
@@ -215,8 +239,9 @@ def case_long(repeats, markdown, large=False):
 
     args = (jnp.float32(0.7), jnp.asarray(np.linspace(-2.0, 2.0, carry, dtype=np.float32)))
     nested_name = "nested remat ({} x {})".format(*nested_shape(n))
-    s_mem = _largest_fitting(lambda s: jax.grad(retro(Revolve(s))), args,
-                             _temp(jax.grad(nested_loss), args), cb)
+    s_mem = _largest_fitting(
+        lambda s: jax.grad(retro(Revolve(s))), args, _temp(jax.grad(nested_loss), args), cb
+    )
     fns = {
         "lax.scan": jax.grad(lax_loss),
         nested_name: jax.grad(nested_loss),
@@ -225,22 +250,37 @@ def case_long(repeats, markdown, large=False):
         "retrograde Revolve(16)": jax.grad(retro(Revolve(16))),
     }
     res = measure(fns, args, repeats)
-    show_results(f"long: gradient, N = {n}, carry = {carry} float32, median of {calls(res)}",
-                 res, "lax.scan", markdown,
-                 extra=("temp / carry", {k: f"{r.temp / cb:.1f}" for k, r in res.items()}))
+    show_results(
+        f"long: gradient, N = {n}, carry = {carry} float32, median of {calls(res)}",
+        res,
+        "lax.scan",
+        markdown,
+        extra=("temp / carry", {k: f"{r.temp / cb:.1f}" for k, r in res.items()}),
+    )
     rn = res[nested_name]
     return [
-        Target("long", "StoreAll() time / lax.scan's",
-               ratio_of(res, "retrograde StoreAll()", "lax.scan"), 1.15,
-               f"temp {res['retrograde StoreAll()'].temp / MiB:.2f} vs "
-               f"{res['lax.scan'].temp / MiB:.2f} MiB"),
-        Target("long", f"Revolve(s), memory <= nested's (s = {s_mem}), time / {nested_name}'s",
-               ratio_of(res, f"retrograde Revolve({s_mem})", nested_name), 1.15,
-               f"temp {res[f'retrograde Revolve({s_mem})'].temp / MiB:.3f} vs "
-               f"{rn.temp / MiB:.3f} MiB"),
-        Target("long", f"Revolve(16) time / {nested_name}'s",
-               ratio_of(res, "retrograde Revolve(16)", nested_name), 2.2,
-               f"temp {res['retrograde Revolve(16)'].temp / MiB:.3f} vs {rn.temp / MiB:.3f} MiB"),
+        Target(
+            "long",
+            "StoreAll() time / lax.scan's",
+            ratio_of(res, "retrograde StoreAll()", "lax.scan"),
+            1.15,
+            f"temp {res['retrograde StoreAll()'].temp / MiB:.2f} vs "
+            f"{res['lax.scan'].temp / MiB:.2f} MiB",
+        ),
+        Target(
+            "long",
+            f"Revolve(s), memory <= nested's (s = {s_mem}), time / {nested_name}'s",
+            ratio_of(res, f"retrograde Revolve({s_mem})", nested_name),
+            1.15,
+            f"temp {res[f'retrograde Revolve({s_mem})'].temp / MiB:.3f} vs {rn.temp / MiB:.3f} MiB",
+        ),
+        Target(
+            "long",
+            f"Revolve(16) time / {nested_name}'s",
+            ratio_of(res, "retrograde Revolve(16)", nested_name),
+            2.2,
+            f"temp {res['retrograde Revolve(16)'].temp / MiB:.3f} vs {rn.temp / MiB:.3f} MiB",
+        ),
     ]
 
 
@@ -251,6 +291,7 @@ def _temp(fn, args) -> int:
 def _largest_fitting(make, args, budget, carry_bytes):
     """The largest ``s`` whose compiled ``make(s)`` has temp memory <= ``budget`` bytes: a guess
     from the memory at ``s = 16`` (one carry per slot), then one slot at a time."""
+
     def temp(s):
         return _temp(make(s), args)
 
@@ -273,8 +314,12 @@ def case_while(repeats, markdown, large=False):
         return u + 0.01 * jnp.tanh(theta * u)
 
     def while_loss(theta, u0):
-        _, u = retrograde.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, body(theta, c[1])),
-                                     (jnp.int32(0), u0), schedule=Online(s))
+        _, u = retrograde.while_loop(
+            lambda c: c[0] < n,
+            lambda c: (c[0] + 1, body(theta, c[1])),
+            (jnp.int32(0), u0),
+            schedule=Online(s),
+        )
         return jnp.mean(u**2)
 
     def fori_loss(theta, u0):
@@ -286,16 +331,28 @@ def case_while(repeats, markdown, large=False):
 
     args = (jnp.float32(0.7), jnp.asarray(np.linspace(-2.0, 2.0, carry, dtype=np.float32)))
     fori = f"retrograde.fori_loop Revolve({s})"
-    fns = {fori: jax.grad(fori_loss),
-           f"retrograde.while_loop Online({s})": jax.grad(while_loss),
-           "lax.fori_loop": jax.grad(lax_loss)}
+    fns = {
+        fori: jax.grad(fori_loss),
+        f"retrograde.while_loop Online({s})": jax.grad(while_loss),
+        "lax.fori_loop": jax.grad(lax_loss),
+    }
     res = measure(fns, args, repeats)
-    show_results(f"while: gradient, {n} steps, carry = {carry} float32, median of {calls(res)}",
-                 res, fori, markdown)
-    return [Target("while", f"while_loop Online({s}) time / fori_loop Revolve({s})'s",
-                   ratio_of(res, f"retrograde.while_loop Online({s})", fori), 1.3,
-                   f"{res[f'retrograde.while_loop Online({s})'].t_med * 1e3:.1f} ms vs "
-                   f"{res[fori].t_med * 1e3:.1f} ms")]
+    show_results(
+        f"while: gradient, {n} steps, carry = {carry} float32, median of {calls(res)}",
+        res,
+        fori,
+        markdown,
+    )
+    return [
+        Target(
+            "while",
+            f"while_loop Online({s}) time / fori_loop Revolve({s})'s",
+            ratio_of(res, f"retrograde.while_loop Online({s})", fori),
+            1.3,
+            f"{res[f'retrograde.while_loop Online({s})'].t_med * 1e3:.1f} ms vs "
+            f"{res[fori].t_med * 1e3:.1f} ms",
+        )
+    ]
 
 
 # ------------------------------------------------------------------------------ hvp
@@ -320,8 +377,9 @@ def case_hvp(repeats, markdown, large=False):
     u0 = jnp.asarray(np.cos(x / 11.0) * (1.0 + np.sin(x / 11.0)))
     v = jnp.asarray(np.random.default_rng(0).standard_normal(points))
     loops = {
-        f"retrograde default ({retrograde.default_schedule(n)!r})":
-            lambda u: retrograde.scan(step, u, length=n)[0],
+        f"retrograde default ({retrograde.default_schedule(n)!r})": lambda u: retrograde.scan(
+            step, u, length=n
+        )[0],
         "nested remat ({} x {})".format(*nested_shape(n)): lambda u: nested_remat(step, u, n),
         "lax.scan": lambda u: jax.lax.scan(step, u, length=n)[0],
     }
@@ -333,16 +391,25 @@ def case_hvp(repeats, markdown, large=False):
     res = measure(fns, (u0, v), repeats)
     names = list(loops)
     for kind in ("grad", "HVP"):
-        show_results(f"hvp: {kind}, Kuramoto-Sivashinsky, {points} points float64, N = {n}, "
-                     f"median of {calls(res)}",
-                     {k: r for k, r in res.items() if k.endswith(kind)}, f"lax.scan: {kind}",
-                     markdown)
+        show_results(
+            f"hvp: {kind}, Kuramoto-Sivashinsky, {points} points float64, N = {n}, "
+            f"median of {calls(res)}",
+            {k: r for k, r in res.items() if k.endswith(kind)},
+            f"lax.scan: {kind}",
+            markdown,
+        )
     retro, nested = names[0], names[1]
-    return [Target("hvp", f"HVP time / {nested}'s (default schedule)",
-                   ratio_of(res, f"{retro}: HVP", f"{nested}: HVP"), 1.5,
-                   f"HVP / lax.scan's: retrograde "
-                   f"{ratio_of(res, f'{retro}: HVP', 'lax.scan: HVP'):.2f}, nested "
-                   f"{ratio_of(res, f'{nested}: HVP', 'lax.scan: HVP'):.2f}")]
+    return [
+        Target(
+            "hvp",
+            f"HVP time / {nested}'s (default schedule)",
+            ratio_of(res, f"{retro}: HVP", f"{nested}: HVP"),
+            1.5,
+            f"HVP / lax.scan's: retrograde "
+            f"{ratio_of(res, f'{retro}: HVP', 'lax.scan: HVP'):.2f}, nested "
+            f"{ratio_of(res, f'{nested}: HVP', 'lax.scan: HVP'):.2f}",
+        )
+    ]
 
 
 # ------------------------------------------------------------------------------ diffrax
@@ -361,20 +428,30 @@ def case_diffrax(repeats, markdown, large=False):
     rot = jnp.asarray([[0, 1, 0, 0], [-1, 0, 0, 0], [0, 0, 0, 3], [0, 0, -3, 0]], jnp.float64)
     y0 = jnp.asarray([1.0, -0.5, 0.25, 0.8])
     runs = {
-        "1000 constant steps": dict(t1=10.0, dt0=0.01, max_steps=1000,
-                                    stepsize_controller=diffrax.ConstantStepSize()),
-        "PIDController(1e-6, 1e-6)": dict(t1=50.0, dt0=0.01, max_steps=4096,
-                                          stepsize_controller=diffrax.PIDController(
-                                              rtol=1e-6, atol=1e-6)),
+        "1000 constant steps": dict(
+            t1=10.0, dt0=0.01, max_steps=1000, stepsize_controller=diffrax.ConstantStepSize()
+        ),
+        "PIDController(1e-6, 1e-6)": dict(
+            t1=50.0,
+            dt0=0.01,
+            max_steps=4096,
+            stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-6),
+        ),
     }
 
     def make_loss(adjoint, t1, **kw):
         def loss(p):
             net = eqx.combine(p, static)
             sol = diffrax.diffeqsolve(
-                diffrax.ODETerm(lambda t, y, a: rot @ y + 0.1 * net(y)), diffrax.Tsit5(), 0.0,
-                t1, y0=y0, saveat=diffrax.SaveAt(ts=jnp.linspace(0.0, t1, 50)),
-                adjoint=adjoint, **kw)
+                diffrax.ODETerm(lambda t, y, a: rot @ y + 0.1 * net(y)),
+                diffrax.Tsit5(),
+                0.0,
+                t1,
+                y0=y0,
+                saveat=diffrax.SaveAt(ts=jnp.linspace(0.0, t1, 50)),
+                adjoint=adjoint,
+                **kw,
+            )
             return jnp.mean(sol.ys**2), sol.stats["num_steps"]
 
         return loss
@@ -382,28 +459,46 @@ def case_diffrax(repeats, markdown, large=False):
     targets = []
     for label, kw in runs.items():
         steps = int(jax.jit(make_loss(diffrax.RecursiveCheckpointAdjoint(), **kw))(params)[1])
-        fns = {name: jax.grad(lambda p, loss=make_loss(adj, **kw): loss(p)[0])
-               for name, adj in (("CheckpointAdjoint", CheckpointAdjoint()),
-                                 ("RecursiveCheckpointAdjoint",
-                                  diffrax.RecursiveCheckpointAdjoint()))}
+        fns = {
+            name: jax.grad(lambda p, loss=make_loss(adj, **kw): loss(p)[0])  # noqa: B008 - binds this adjoint's loss
+            for name, adj in (
+                ("CheckpointAdjoint", CheckpointAdjoint()),
+                ("RecursiveCheckpointAdjoint", diffrax.RecursiveCheckpointAdjoint()),
+            )
+        }
         res = measure(fns, (params,), repeats)
         ours, theirs = res["CheckpointAdjoint"], res["RecursiveCheckpointAdjoint"]
-        show_results(f"diffrax: gradient, {label} ({steps} steps), median of {calls(res)}", res,
-                     "RecursiveCheckpointAdjoint", markdown)
-        targets.append(Target("diffrax", f"CheckpointAdjoint time / Recursive's, {label}",
-                              ours.t_med / theirs.t_med, 1.05,
-                              f"{steps} steps, ratio of minima {ours.t_min / theirs.t_min:.2f}"))
+        show_results(
+            f"diffrax: gradient, {label} ({steps} steps), median of {calls(res)}",
+            res,
+            "RecursiveCheckpointAdjoint",
+            markdown,
+        )
+        targets.append(
+            Target(
+                "diffrax",
+                f"CheckpointAdjoint time / Recursive's, {label}",
+                ours.t_med / theirs.t_med,
+                1.05,
+                f"{steps} steps, ratio of minima {ours.t_min / theirs.t_min:.2f}",
+            )
+        )
     return targets
 
 
 # ------------------------------------------------------------------------------ compile
-COMPILE_FNS = ("retrograde.scan forward", "retrograde.scan grad", "lax.scan forward",
-               "lax.scan grad")
+COMPILE_FNS = (
+    "retrograde.scan forward",
+    "retrograde.scan grad",
+    "lax.scan forward",
+    "lax.scan grad",
+)
 
 
 def compile_child(n: int, which: str) -> None:
     """In a fresh process: trace and compile one function at ``n`` steps; print a JSON line with
     the seconds of each and the peak RSS growth (bytes) over the RSS before tracing."""
+
     def step(u, _):
         return u + 0.01 * jnp.tanh(u), None
 
@@ -426,8 +521,11 @@ def compile_child(n: int, which: str) -> None:
     r1 = _vm("self", "VmHWM")
     lowered.compile()
     t2 = time.perf_counter()
-    print(json.dumps(dict(trace=t1 - t0, compile=t2 - t1, rss_trace=r1 - r0,
-                          rss=_vm("self", "VmHWM") - r0)))
+    print(
+        json.dumps(
+            dict(trace=t1 - t0, compile=t2 - t1, rss_trace=r1 - r0, rss=_vm("self", "VmHWM") - r0)
+        )
+    )
 
 
 def run_child(n: int, which: str, timeout: float, mem_limit: int):
@@ -487,42 +585,88 @@ def case_compile(ns, timeout, mem_limit, markdown):
             rows.append([f"{n:.0e}", which, r, "", "", "", "", ""])
             continue
         twin = "lax.scan " + which.split()[-1]
-        rows.append([f"{n:.0e}", which, f"{r['trace']:.2f}", f"{r['compile']:.2f}",
-                     f"{r['rss_trace'] / MiB:.0f}", f"{r['rss'] / MiB:.0f}",
-                     fmt(div(total(n, which), total(ns[0], which))),
-                     fmt(div(total(n, which), total(n, twin)))])
-    print_table(f"compile: trace and compile, 4 float32, default schedule (each in a fresh "
-                f"process, limits {timeout:g} s and {mem_limit / 2**30:g} GiB; RSS: peak "
-                "growth while tracing, and to the end of compiling)",
-                ["N", "function", "trace s", "compile s", "RSS trace MiB", "RSS total MiB",
-                 f"time / N={ns[0]:.0e}'s", "time / lax.scan's"], rows, markdown, left=2)
+        rows.append(
+            [
+                f"{n:.0e}",
+                which,
+                f"{r['trace']:.2f}",
+                f"{r['compile']:.2f}",
+                f"{r['rss_trace'] / MiB:.0f}",
+                f"{r['rss'] / MiB:.0f}",
+                fmt(div(total(n, which), total(ns[0], which))),
+                fmt(div(total(n, which), total(n, twin))),
+            ]
+        )
+    print_table(
+        f"compile: trace and compile, 4 float32, default schedule (each in a fresh "
+        f"process, limits {timeout:g} s and {mem_limit / 2**30:g} GiB; RSS: peak "
+        "growth while tracing, and to the end of compiling)",
+        [
+            "N",
+            "function",
+            "trace s",
+            "compile s",
+            "RSS trace MiB",
+            "RSS total MiB",
+            f"time / N={ns[0]:.0e}'s",
+            "time / lax.scan's",
+        ],
+        rows,
+        markdown,
+        left=2,
+    )
 
     fwd, grad, lax_fwd = COMPILE_FNS[:3]
     targets = []
     for n in ns[1:]:
         for which in (fwd, grad):
-            targets.append(Target("compile", f"{which} trace + compile, N = {n:.0e} / "
-                                  f"N = {ns[0]:.0e}", div(total(n, which), total(ns[0], which)),
-                                  2.0, _compile_detail(res[n, which])))
+            targets.append(
+                Target(
+                    "compile",
+                    f"{which} trace + compile, N = {n:.0e} / N = {ns[0]:.0e}",
+                    div(total(n, which), total(ns[0], which)),
+                    2.0,
+                    _compile_detail(res[n, which]),
+                )
+            )
     for n in ns:
-        targets.append(Target("compile", f"forward trace + compile / lax.scan's, N = {n:.0e}",
-                              div(total(n, fwd), total(n, lax_fwd)), 2.0,
-                              _compile_detail(res[n, fwd])))
+        targets.append(
+            Target(
+                "compile",
+                f"forward trace + compile / lax.scan's, N = {n:.0e}",
+                div(total(n, fwd), total(n, lax_fwd)),
+                2.0,
+                _compile_detail(res[n, fwd]),
+            )
+        )
     r0 = res[ns[0], grad]
     for n in ns[1:]:
         # Flat: at most 16 MiB (allocator noise) more than at the smallest N.
         r = res[n, grad]
         ok = not isinstance(r, str) and not isinstance(r0, str)
-        targets.append(Target("compile", f"grad peak RSS growth, N = {n:.0e} / (N = {ns[0]:.0e}'s "
-                              "+ 16 MiB)", r["rss"] / (r0["rss"] + 16 * MiB) if ok else None,
-                              1.0, f"{r['rss'] / MiB:.0f} vs {r0['rss'] / MiB:.0f} MiB" if ok
-                              else _compile_detail(r if isinstance(r, str) else r0)))
+        targets.append(
+            Target(
+                "compile",
+                f"grad peak RSS growth, N = {n:.0e} / (N = {ns[0]:.0e}'s + 16 MiB)",
+                r["rss"] / (r0["rss"] + 16 * MiB) if ok else None,
+                1.0,
+                f"{r['rss'] / MiB:.0f} vs {r0['rss'] / MiB:.0f} MiB"
+                if ok
+                else _compile_detail(r if isinstance(r, str) else r0),
+            )
+        )
     return targets
 
 
 def _compile_detail(r):
-    return r if isinstance(r, str) else (f"trace {r['trace']:.2f} s + compile {r['compile']:.2f} "
-                                         f"s, RSS +{r['rss'] / MiB:.0f} MiB")
+    return (
+        r
+        if isinstance(r, str)
+        else (
+            f"trace {r['trace']:.2f} s + compile {r['compile']:.2f} "
+            f"s, RSS +{r['rss'] / MiB:.0f} MiB"
+        )
+    )
 
 
 # ------------------------------------------------------------------------------ main
@@ -532,35 +676,66 @@ def show_targets(targets, markdown, with_large):
         header.append("at a large step")
     rows = []
     for t in targets:
-        row = [t.case, t.what, "-" if t.ratio is None else f"{t.ratio:.2f}", f"{t.limit:g}",
-               t.verdict, t.detail]
+        row = [
+            t.case,
+            t.what,
+            "-" if t.ratio is None else f"{t.ratio:.2f}",
+            f"{t.limit:g}",
+            t.verdict,
+            t.detail,
+        ]
         if with_large:
             row.append("-" if t.large is None else f"{t.large:.2f}")
         rows.append(row)
     kind = "CPU" if clock is CLOCK["cpu"] else "wall"
-    print_table(f"Targets of issue #18 (ratios of medians, {kind} time; jax {jax.__version__}, "
-                f"{jax.devices()[0].platform})", header, rows, markdown, left=2)
+    print_table(
+        f"Targets of issue #18 (ratios of medians, {kind} time; jax {jax.__version__}, "
+        f"{jax.devices()[0].platform})",
+        header,
+        rows,
+        markdown,
+        left=2,
+    )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default=",".join(CASES), help=f"subset of {','.join(CASES)}")
-    ap.add_argument("--quick", action="store_true",
-                    help="fewer repeats, no large-step column, compile at N <= 1e5 (~2-3 min)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer repeats, no large-step column, compile at N <= 1e5 (~2-3 min)",
+    )
     ap.add_argument("--markdown", action="store_true", help="print the tables as markdown")
-    ap.add_argument("--repeats", type=int, default=None,
-                    help="timed rounds (default 7, diffrax 11; --quick: 3, diffrax 5)")
-    ap.add_argument("--min-time", type=float, default=None,
-                    help="seconds of timed rounds per case at least, so that fast cases get "
-                    "many rounds (default 2; --quick: 1)")
-    ap.add_argument("--clock", choices=tuple(CLOCK), default="wall",
-                    help="wall time (default) or the process's CPU time, steadier on a busy "
-                    "machine")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="timed rounds (default 7, diffrax 11; --quick: 3, diffrax 5)",
+    )
+    ap.add_argument(
+        "--min-time",
+        type=float,
+        default=None,
+        help="seconds of timed rounds per case at least, so that fast cases get "
+        "many rounds (default 2; --quick: 1)",
+    )
+    ap.add_argument(
+        "--clock",
+        choices=tuple(CLOCK),
+        default="wall",
+        help="wall time (default) or the process's CPU time, steadier on a busy machine",
+    )
     ap.add_argument("--huge", action="store_true", help="compile case: also N = 1e8")
-    ap.add_argument("--compile-timeout", type=float, default=120.0,
-                    help="seconds per compile case (default 120)")
-    ap.add_argument("--compile-memory", type=float, default=4.0,
-                    help="GiB of RSS per compile case (default 4)")
+    ap.add_argument(
+        "--compile-timeout",
+        type=float,
+        default=120.0,
+        help="seconds per compile case (default 120)",
+    )
+    ap.add_argument(
+        "--compile-memory", type=float, default=4.0, help="GiB of RSS per compile case (default 4)"
+    )
     ap.add_argument("--compile-child", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.compile_child:
@@ -583,8 +758,9 @@ def main(argv=None) -> int:
     for case in cases:
         print(f"  == {case}", flush=True)
         if case == "compile":
-            targets += case_compile(ns, a.compile_timeout, int(a.compile_memory * 2**30),
-                                    a.markdown)
+            targets += case_compile(
+                ns, a.compile_timeout, int(a.compile_memory * 2**30), a.markdown
+            )
             continue
         fn = globals()[f"case_{case}"]
         r = a.repeats or ((5 if a.quick else 11) if case == "diffrax" else reps)
@@ -596,8 +772,10 @@ def main(argv=None) -> int:
         targets += found
     show_targets(targets, a.markdown, large)
     print()
-    note = ("The large-carry first-order case (N = 1000, 100,000 float32) is benchmarks/scan.py's "
-            f"(must not get slower). Total {time.perf_counter() - t_start:.0f} s.")
+    note = (
+        "The large-carry first-order case (N = 1000, 100,000 float32) is benchmarks/scan.py's "
+        f"(must not get slower). Total {time.perf_counter() - t_start:.0f} s."
+    )
     print(note)
     return 0
 

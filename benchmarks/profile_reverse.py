@@ -36,8 +36,9 @@ import numpy as np
 from jax import lax
 
 import retrograde
+from retrograde.schedules import Advance, Record, Restore, Revolve, Store, StoreAll
+
 from _common import nested_remat, nested_shape, prepare, print_table
-from retrograde.schedules import Advance, Record, Restore, Revolve, StoreAll, Store
 
 N, C = 10_000, 256
 ITERS = 100_000  # iterations of the control-flow loops
@@ -87,25 +88,33 @@ def control_flow(repeats, markdown):
         "one step (baseline)": one_step,
         "+ table read": lambda i, u: one_step(i, u) + tab[i],
         "+ select": lambda i, u: jnp.where(tab[i] == 2, 0.999 * one_step(i, u), one_step(i, u)),
-        "+ conditional": lambda i, u: lax.cond(tab[i] == 2, lambda v: 0.999 * v, lambda v: v,
-                                               one_step(i, u)),
+        "+ conditional": lambda i, u: lax.cond(
+            tab[i] == 2, lambda v: 0.999 * v, lambda v: v, one_step(i, u)
+        ),
         "+ conditional restore from slots": lambda i, u: lax.cond(
-            tab[i] == 2, lambda v: get(slots, tab[i] % 16), lambda v: v, one_step(i, u)),
+            tab[i] == 2, lambda v: get(slots, tab[i] % 16), lambda v: v, one_step(i, u)
+        ),
         "+ zero-trip nested loop": lambda i, u: lax.fori_loop(
-            0, jnp.where(tab[i] == 9, 1, 0), lambda j, v: 0.5 * v, one_step(i, u)),
+            0, jnp.where(tab[i] == 9, 1, 0), lambda j, v: 0.5 * v, one_step(i, u)
+        ),
         "step inside a one-trip nested loop": lambda i, u: lax.fori_loop(
-            0, jnp.where(tab[i] == 9, 2, 1), one_step, u),
+            0, jnp.where(tab[i] == 9, 2, 1), one_step, u
+        ),
         "+ 4-way switch": lambda i, u: lax.switch(
-            tab[i], [lambda v: v, lambda v: 0.5 * v, lambda v: 0.25 * v, lambda v: -v],
-            one_step(i, u)),
+            tab[i],
+            [lambda v: v, lambda v: 0.5 * v, lambda v: 0.25 * v, lambda v: -v],
+            one_step(i, u),
+        ),
     }
     fns = {k: (loop(b), (jnp.float32(0),)) for k, b in variants.items()}
 
     def carries(k, size):
         def f(x):
             us = tuple(jnp.full(size, 0.1 * (i + 1), jnp.float32) + x for i in range(k))
-            return lax.fori_loop(0, ITERS // 5, lambda i, us: tuple(
-                u + 0.01 * jnp.tanh(u) for u in us), us)
+            return lax.fori_loop(
+                0, ITERS // 5, lambda i, us: tuple(u + 0.01 * jnp.tanh(u) for u in us), us
+            )
+
         return f
 
     for size in (64, 256):
@@ -118,8 +127,12 @@ def control_flow(repeats, markdown):
         iters = ITERS // 5 if "independent" in k else ITERS
         extra = "" if "independent" in k else f"{(cpu - base) / ITERS * 1e6:+.3f}"
         rows.append([k, f"{cpu / iters * 1e6:.3f}", f"{wall / iters * 1e6:.3f}", extra])
-    print_table(f"1. XLA CPU loop bodies: us per iteration (CPU time, min of {repeats})",
-                ["loop body", "cpu us", "wall us", "vs baseline"], rows, markdown)
+    print_table(
+        f"1. XLA CPU loop bodies: us per iteration (CPU time, min of {repeats})",
+        ["loop body", "cpu us", "wall us", "vs baseline"],
+        rows,
+        markdown,
+    )
 
 
 # ------------------------------------------------------------------------------ 2. reverse sweeps
@@ -147,14 +160,23 @@ def tables(schedule):
             rest.append(r), lo.append(a), hi.append(at), sptr.append(len(stores))
             r, a = -1, at
     stores.append((N + 1, 0))
-    i32 = lambda x: jnp.asarray(np.asarray(x, np.int32))  # noqa: E731
-    return dict(n_slots=n_slots, fwd=i32(fwd), rest=i32(rest), lo=i32(lo), hi=i32(hi),
-                sptr=i32(sptr), stores=i32(stores), n_rec=len(rest))
+    i32 = lambda x: jnp.asarray(np.asarray(x, np.int32))
+    return dict(
+        n_slots=n_slots,
+        fwd=i32(fwd),
+        rest=i32(rest),
+        lo=i32(lo),
+        hi=i32(hi),
+        sptr=i32(sptr),
+        stores=i32(stores),
+        n_rec=len(rest),
+    )
 
 
 def storing_step(t, stores):
     """Loop body ``(j, (u, slots, p))``: store ``u`` where ``stores[p] == (j, slot)`` (a guarded
     in-place write, no conditional) and move ``p`` on, then take the step."""
+
     def body(j, c):
         u, slots, p = c
         hit = stores[p, 0] == j
@@ -174,12 +196,14 @@ def proto_forward(T, t, u):
 def proto_reverse(T, t, slots, cur, ubar, unroll=1):
     """One iteration per record: restore (if any), one loop advancing to the recorded step and
     storing on the way, the VJP."""
+
     def one(k, c):
         cur, slots, ubar, tbar = c
         r = T["rest"][k]
         cur = jnp.where(r >= 0, get(slots, jnp.maximum(r, 0)), cur)
-        cur, slots, _ = lax.fori_loop(T["lo"][k], T["hi"][k], storing_step(t, T["stores"]),
-                                      (cur, slots, T["sptr"][k]))
+        cur, slots, _ = lax.fori_loop(
+            T["lo"][k], T["hi"][k], storing_step(t, T["stores"]), (cur, slots, T["sptr"][k])
+        )
         dt, ubar = jax.vjp(step, t, cur)[1](ubar)
         return cur, slots, ubar, tbar + dt
 
@@ -200,31 +224,34 @@ def reverse_sweeps(repeats, markdown):
         return du, tbar + dt
 
     def ideal(t, U, ubar):
-        return lax.fori_loop(0, N, lambda k, c: rec(t, get(U, rev_idx[k]), *c),
-                             (ubar, jnp.float32(0)))
+        return lax.fori_loop(
+            0, N, lambda k, c: rec(t, get(U, rev_idx[k]), *c), (ubar, jnp.float32(0))
+        )
 
     def restored(t, U, ubar):
         def body(k, c):
             cur = jnp.where(ops[k] == 2, get(U, rev_idx[k]), c[0])
             return (cur, *rec(t, cur, *c[1:]))
+
         return lax.fori_loop(0, N, body, (u0, ubar, jnp.float32(0)))[1:]
 
     def moves(t, U, ubar):
         """retrograde's structure: per record an inner loop over its action rows (here one
         RESTORE), each row a zero-trip advance, a conditional store and a conditional restore."""
+
         def body(k, c):
             cur, slots, ubar, tbar = c
 
             def move(r, cs):
                 cur, slots = cs
                 cur = lax.fori_loop(0, jnp.where(ops[r] == 0, 1, 0), lambda i, v: step(t, v), cur)
-                slots = lax.cond(ops[r] == 1, lambda s: put(s, cur, rev_idx[r]), lambda s: s,
-                                 slots)
+                slots = lax.cond(ops[r] == 1, lambda s: put(s, cur, rev_idx[r]), lambda s: s, slots)
                 cur = lax.cond(ops[r] == 2, lambda v: get(slots, rev_idx[r]), lambda v: v, cur)
                 return cur, slots
 
             cur, slots = lax.fori_loop(k, k + 1, move, (cur, slots))
             return (cur, slots, *rec(t, cur, ubar, tbar))
+
         return lax.fori_loop(0, N, body, (u0, U, ubar, jnp.float32(0)))[2:]
 
     def split(loss):
@@ -235,19 +262,25 @@ def reverse_sweeps(repeats, markdown):
         return jnp.mean(lax.scan(lambda u, _: (step(t, u), None), u, length=N)[0] ** 2)
 
     def retro_loss(schedule):
-        return lambda t, u: jnp.mean(retrograde.scan(
-            lambda u, _: (step(t, u), None), u, length=N, schedule=schedule)[0] ** 2)
+        return lambda t, u: jnp.mean(
+            retrograde.scan(lambda u, _: (step(t, u), None), u, length=N, schedule=schedule)[0] ** 2
+        )
 
     fns = {
         "lax.scan gradient (forward and backward)": (jax.grad(lax_loss), (th, u0)),
         "lax.scan backward (stored residuals)": split(lax_loss),
-        "nested remat ({} x {}) gradient".format(*nested_shape(N)): (jax.grad(
-            lambda t, u: jnp.mean(nested_remat(lambda v, _: (step(t, v), None), u, N) ** 2)),
-            (th, u0)),
+        "nested remat ({} x {}) gradient".format(*nested_shape(N)): (
+            jax.grad(
+                lambda t, u: jnp.mean(nested_remat(lambda v, _: (step(t, v), None), u, N) ** 2)
+            ),
+            (th, u0),
+        ),
         "fori: VJP at states[idx[k]]": (ideal, (th, states, ubar)),
         "fori: carried state, restored by select": (restored, (th, states, ubar)),
-        "fori: + inner loop of 1 row (advance, cond store, cond restore)":
-            (moves, (th, states, ubar)),
+        "fori: + inner loop of 1 row (advance, cond store, cond restore)": (
+            moves,
+            (th, states, ubar),
+        ),
     }
     for name, schedule in (("StoreAll()", StoreAll()), ("Revolve(16)", Revolve(16))):
         T = tables(schedule)
@@ -257,7 +290,9 @@ def reverse_sweeps(repeats, markdown):
         for unroll in (1, 2):
             fns[f"prototype {name}, unroll={unroll}"] = (
                 lambda t, s, c, ub, T=T, unroll=unroll: proto_reverse(T, t, s, c, ub, unroll),
-                (th, slots, u_last, ubar))
+                (th, slots, u_last, ubar),
+            )
+
         # The prototype's gradient against lax.scan's.
         def proto_grad(t, u, T=T):
             u_last, slots = proto_forward(T, t, u)
@@ -268,8 +303,12 @@ def reverse_sweeps(repeats, markdown):
         assert abs(float(got) - float(ref)) <= 1e-4 * abs(float(ref)), (name, got, ref)
     res = time_cpu(fns, repeats)
     rows = [[k, f"{cpu / N * 1e6:.2f}", f"{wall / N * 1e6:.2f}"] for k, (cpu, wall) in res.items()]
-    print_table(f"2. Sweeps, N = {N}, {C} float32: us per step (CPU time, min of {repeats})",
-                ["sweep", "cpu us", "wall us"], rows, markdown)
+    print_table(
+        f"2. Sweeps, N = {N}, {C} float32: us per step (CPU time, min of {repeats})",
+        ["sweep", "cpu us", "wall us"],
+        rows,
+        markdown,
+    )
 
 
 def main() -> None:

@@ -41,10 +41,10 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import numpy as np  # noqa: E402
 import pyadjoint as pa  # noqa: E402
+from pyadjoint_vec import Vec, evolve, inner, matvec  # noqa: E402
 
 import retrograde.pyadjoint as rp  # noqa: E402
 from retrograde.schedules import Revolve, StoreAll  # noqa: E402
-from pyadjoint_vec import Vec, evolve, inner, matvec  # noqa: E402
 
 K = 4
 A = np.eye(K) * -2 + np.eye(K, k=1) + np.eye(K, k=-1)
@@ -117,8 +117,10 @@ def measure(n_steps: int, repeats: int, clock) -> dict:
                 t, g = timed(r["rf"].derivative, clock)
                 r["der"].append(t)
                 if before is not None:
-                    r["counted"] = (r["m"].counts.steps - before[0],
-                                    r["m"].counts.recorded - before[1])
+                    r["counted"] = (
+                        r["m"].counts.steps - before[0],
+                        r["m"].counts.recorded - before[1],
+                    )
                 r["grad2"] = float(g)
     return runs
 
@@ -128,16 +130,20 @@ def report(runs: dict, n_steps: int, repeats: int, clock_name: str) -> bool:
     ref = runs["unchecked"]["grad"]
     ok = all(abs(r[k] - ref) <= 1e-10 * abs(ref) for r in runs.values() for k in ("grad", "grad2"))
     blocks = len(runs["unchecked"]["tape"].get_blocks())
-    print(f"{blocks} blocks ({n_steps} steps x 2 + 1), median of {repeats} ({clock_name} time); "
-          f"gradients {'agree' if ok else 'DISAGREE'} (dJ/dp = {ref:.12g})\n")
+    print(
+        f"{blocks} blocks ({n_steps} steps x 2 + 1), median of {repeats} ({clock_name} time); "
+        f"gradients {'agree' if ok else 'DISAGREE'} (dJ/dp = {ref:.12g})\n"
+    )
     print("| tape | rf.derivative() [s] | rf(m) [s] | steps, recorded per derivative |")
     print("|---|---:|---:|---|")
     med = {}
     for name, r in runs.items():
         med[name] = (statistics.median(r["der"]), statistics.median(r["call"]))
         counted = r.get("counted")
-        print(f"| {name} | {med[name][0]:.4f} | {med[name][1]:.4f} | "
-              f"{'-' if counted is None else f'{counted[0]}, {counted[1]}'} |")
+        print(
+            f"| {name} | {med[name][0]:.4f} | {med[name][1]:.4f} | "
+            f"{'-' if counted is None else f'{counted[0]}, {counted[1]}'} |"
+        )
     a, call = med["unchecked"]
     fresh = statistics.median(runs["unchecked"]["fresh"]) / n_steps
     in_place = call / n_steps
@@ -145,13 +151,19 @@ def report(runs: dict, n_steps: int, repeats: int, clock_name: str) -> bool:
     def predicted(name, c, how):
         steps, recorded = runs[name]["counted"]
         t = (steps + recorded) * c + a
-        return t, (f"{name} derivative / predicted ({steps} + {recorded} steps x "
-                   f"{c * 1e6:.1f} us {how} + {a:.4f} s = {t:.4f} s)")
+        return t, (
+            f"{name} derivative / predicted ({steps} + {recorded} steps x "
+            f"{c * 1e6:.1f} us {how} + {a:.4f} s = {t:.4f} s)"
+        )
 
-    rows = [("StoreAll() derivative / unchecked derivative", med["StoreAll()"][0] / a, LIMIT),
-            ("StoreAll() rf(m) / unchecked rf(m)", med["StoreAll()"][1] / call, None)]
-    for name, c, how, limit in (("Revolve(10)", fresh, "(outputs anew)", LIMIT),
-                                ("Revolve(10)", in_place, "(in place)", None)):
+    rows = [
+        ("StoreAll() derivative / unchecked derivative", med["StoreAll()"][0] / a, LIMIT),
+        ("StoreAll() rf(m) / unchecked rf(m)", med["StoreAll()"][1] / call, None),
+    ]
+    for name, c, how, limit in (
+        ("Revolve(10)", fresh, "(outputs anew)", LIMIT),
+        ("Revolve(10)", in_place, "(in place)", None),
+    ):
         t, label = predicted(name, c, how)
         rows.append((label, med[name][0] / t, limit))
     print("\n| target | ratio | limit | verdict |\n|---|---:|---:|---|")

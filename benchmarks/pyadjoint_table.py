@@ -42,11 +42,10 @@ sys.path.insert(0, str(ROOT / "examples"))
 import checkpoint_schedules as cs  # noqa: E402
 import numpy as np  # noqa: E402
 import pyadjoint as pa  # noqa: E402
+from pyadjoint_vec import DiskPackage, Vec, evolve, inner, matvec  # noqa: E402
 
 import retrograde.pyadjoint as rp  # noqa: E402
-from retrograde.schedules import (  # noqa: E402
-    Level, MultiLevel, Online, RecomputeAll, Revolve, StoreAll)
-from pyadjoint_vec import DiskPackage, Vec, evolve, inner, matvec  # noqa: E402
+from retrograde.schedules import Level, MultiLevel, Online, RecomputeAll, Revolve, StoreAll  # noqa: E402
 
 DOC = ROOT / "docs" / "pyadjoint.md"
 START, END = "<!-- pyadjoint-table:start -->", "<!-- pyadjoint-table:end -->"
@@ -58,10 +57,10 @@ COLUMNS = ["gradient at m = 0.7", "gradient at m = 1.3", "tlm at 1.3", "Hessian 
 def scalar_loop(m, tape=None):
     """(a): the loop on ``AdjFloat``."""
     u, J, w = m, 0.0, None
-    for n in (range(N) if tape is None else tape.timestepper(iter(range(N)))):
+    for n in range(N) if tape is None else tape.timestepper(iter(range(N))):
         if n % 3 == 0:
             w = u * u
-        u = 0.9 * u + 0.05 * u ** 2
+        u = 0.9 * u + 0.05 * u**2
         if n % 3 == 2:
             u = u + 0.5 * w * u
         J = J + u
@@ -75,58 +74,86 @@ A = np.eye(K) * -2 + np.eye(K, k=1) + np.eye(K, k=-1)
 def vec_loop(p, tape=None):
     """(b): the loop on the mutable ``Vec``."""
     u, w, v, J = Vec(np.linspace(0.2, 0.8, K)), Vec(np.zeros(K)), Vec(np.zeros(K)), 0.0
-    for n in (range(N) if tape is None else tape.timestepper(iter(range(N)))):
+    for n in range(N) if tape is None else tape.timestepper(iter(range(N))):
         if n % 3 == 0:
             w.assign(u)
         matvec(v, A, u)
-        evolve(u, lambda u, v, p: u + 0.05 * v + 0.1 * p * u * u,
-               lambda u, v, p: [1 + 0.2 * p * u, 0.05, 0.1 * u * u],
-               lambda u, v, p: [[0.2 * p, 0, 0.2 * u], [0, 0, 0], [0.2 * u, 0, 0]], [u, v, p])
+        evolve(
+            u,
+            lambda u, v, p: u + 0.05 * v + 0.1 * p * u * u,
+            lambda u, v, p: [1 + 0.2 * p * u, 0.05, 0.1 * u * u],
+            lambda u, v, p: [[0.2 * p, 0, 0.2 * u], [0, 0, 0], [0.2 * u, 0, 0]],
+            [u, v, p],
+        )
         if n % 3 == 2:
-            evolve(u, lambda u, w: u + 0.3 * w * u, lambda u, w: [1 + 0.3 * w, 0.3 * u],
-                   lambda u, w: [[0, 0.3], [0.3, 0]], [u, w])
+            evolve(
+                u,
+                lambda u, w: u + 0.3 * w * u,
+                lambda u, w: [1 + 0.3 * w, 0.3 * u],
+                lambda u, w: [[0, 0.3], [0.3, 0]],
+                [u, w],
+            )
         J = J + inner(u, u)
     return J
 
 
 def pyadjoint_schedules():
     """(label, enable(tape)) for pyadjoint's own manager and checkpoint_schedules."""
-    rows = [("Revolve(9, 2)", lambda: cs.Revolve(N, 2)),
-            ("MultistageCheckpointSchedule(9, 2, 0)",
-             lambda: cs.MultistageCheckpointSchedule(N, 2, 0)),
-            ("HRevolve(9, 2, 1)", lambda: cs.HRevolve(N, 2, 1)),
-            ("TwoLevelCheckpointSchedule(3, 2)", lambda: cs.TwoLevelCheckpointSchedule(3, 2)),
-            ("MixedCheckpointSchedule(9, 2)", lambda: cs.MixedCheckpointSchedule(N, 2)),
-            ("SingleMemoryStorageSchedule()", lambda: cs.SingleMemoryStorageSchedule()),
-            ("DiskRevolve(9, 2)", lambda: cs.DiskRevolve(N, 2))]
+    rows = [
+        ("Revolve(9, 2)", lambda: cs.Revolve(N, 2)),
+        ("MultistageCheckpointSchedule(9, 2, 0)", lambda: cs.MultistageCheckpointSchedule(N, 2, 0)),
+        ("HRevolve(9, 2, 1)", lambda: cs.HRevolve(N, 2, 1)),
+        ("TwoLevelCheckpointSchedule(3, 2)", lambda: cs.TwoLevelCheckpointSchedule(3, 2)),
+        ("MixedCheckpointSchedule(9, 2)", lambda: cs.MixedCheckpointSchedule(N, 2)),
+        ("SingleMemoryStorageSchedule()", lambda: cs.SingleMemoryStorageSchedule()),
+        ("DiskRevolve(9, 2)", lambda: cs.DiskRevolve(N, 2)),
+    ]
 
     def enable(tape, make):  # disk configured, as Firedrake's enable_disk_checkpointing() does
         tape._package_data["vec"] = DiskPackage(DISK)
         tape.enable_checkpointing(make())
 
-    return [(f"pyadjoint `{name}`", lambda tape, make=make: enable(tape, make))
-            for name, make in rows]
+    return [
+        (f"pyadjoint `{name}`", lambda tape, make=make: enable(tape, make)) for name, make in rows
+    ]
 
 
 def retrograde_schedules():
     """(label, enable(tape)) for ``retrograde.pyadjoint.enable_checkpointing``."""
-    disk = MultiLevel([Level(1), Level(None, write_cost=1, read_cost=1, storage="disk",
-                                       directory=DISK)])
-    rows = [("Revolve(2)", Revolve(2), None), ("Revolve(2)`, `n_steps=9", Revolve(2), N),
-            ("StoreAll()", StoreAll(), None), ("Online(2)", Online(2), None),
-            ("RecomputeAll()", RecomputeAll(), None),
-            ("MultiLevel([Level(1), Level(None, write_cost=1, read_cost=1, storage=\"disk\")])`, "
-             "`n_steps=9", disk, N)]
-    return [(f"retrograde `{name}`",
-             lambda tape, s=s, ns=ns: rp.enable_checkpointing(s, tape=tape, n_steps=ns))
-            for name, s, ns in rows]
+    disk = MultiLevel(
+        [Level(1), Level(None, write_cost=1, read_cost=1, storage="disk", directory=DISK)]
+    )
+    rows = [
+        ("Revolve(2)", Revolve(2), None),
+        ("Revolve(2)`, `n_steps=9", Revolve(2), N),
+        ("StoreAll()", StoreAll(), None),
+        ("Online(2)", Online(2), None),
+        ("RecomputeAll()", RecomputeAll(), None),
+        (
+            'MultiLevel([Level(1), Level(None, write_cost=1, read_cost=1, storage="disk")])`, '
+            "`n_steps=9",
+            disk,
+            N,
+        ),
+    ]
+    return [
+        (
+            f"retrograde `{name}`",
+            lambda tape, s=s, ns=ns: rp.enable_checkpointing(s, tape=tape, n_steps=ns),
+        )
+        for name, s, ns in rows
+    ]
 
 
 def evaluate(loop, enable=None):
     """The four columns on a fresh tape (``enable(tape)`` before taping; none: unchecked)."""
     tape = pa.Tape()
-    calls = [lambda rf: rf.derivative(), lambda rf: (rf(pa.AdjFloat(M1)), rf.derivative())[1],
-             lambda rf: rf.tlm(pa.AdjFloat(1.0)), lambda rf: rf.hessian(pa.AdjFloat(1.0))]
+    calls = [
+        lambda rf: rf.derivative(),
+        lambda rf: (rf(pa.AdjFloat(M1)), rf.derivative())[1],
+        lambda rf: rf.tlm(pa.AdjFloat(1.0)),
+        lambda rf: rf.hessian(pa.AdjFloat(1.0)),
+    ]
     with pa.set_working_tape(tape):
         try:
             if enable is not None:
@@ -146,13 +173,14 @@ def evaluate(loop, enable=None):
 
 def reference(loop):
     """Finite differences (gradients, Hessian) and the unchecked tape (tangent)."""
+
     def f(x):
         with pa.stop_annotating():
             return float(loop(pa.AdjFloat(x)))
 
-    d1 = lambda x, h: (f(x + h) - f(x - h)) / (2 * h)  # noqa: E731
-    d2 = lambda x, h: (f(x + h) - 2 * f(x) + f(x - h)) / h ** 2  # noqa: E731
-    rich = lambda d, x, h: (4 * d(x, h / 2) - d(x, h)) / 3  # noqa: E731 - Richardson: O(h^4)
+    d1 = lambda x, h: (f(x + h) - f(x - h)) / (2 * h)
+    d2 = lambda x, h: (f(x + h) - 2 * f(x) + f(x - h)) / h**2
+    rich = lambda d, x, h: (4 * d(x, h / 2) - d(x, h)) / 3  # Richardson: O(h^4)
     ref = [rich(d1, M0, 1e-3), rich(d1, M1, 1e-3), None, rich(d2, M1, 1e-3)]
     tape = evaluate(loop)
     ref[2] = tape[2]
@@ -165,14 +193,22 @@ def reference(loop):
 def table(loop, title):
     """The markdown table of one loop."""
     ref = reference(loop)
-    lines = [f"**{title}**", "", "| schedule | " + " | ".join(COLUMNS) + " | right? |",
-             "|---|" + "---:|" * len(COLUMNS) + "---|",
-             "| reference (finite differences / unchecked tape) | "
-             + " | ".join(f"{r:.8g}" for r in ref) + " | |"]
+    lines = [
+        f"**{title}**",
+        "",
+        "| schedule | " + " | ".join(COLUMNS) + " | right? |",
+        "|---|" + "---:|" * len(COLUMNS) + "---|",
+        "| reference (finite differences / unchecked tape) | "
+        + " | ".join(f"{r:.8g}" for r in ref)
+        + " | |",
+    ]
     for label, enable in pyadjoint_schedules() + retrograde_schedules():
         got = evaluate(loop, enable)
-        wrong = [c for c, g, r in zip(COLUMNS, got, ref)
-                 if not isinstance(g, float) or abs(g - r) > TOL * abs(r)]
+        wrong = [
+            c
+            for c, g, r in zip(COLUMNS, got, ref)
+            if not isinstance(g, float) or abs(g - r) > TOL * abs(r)
+        ]
         cells = [f"{g:.8g}" if isinstance(g, float) else f"`{g}`" for g in got]
         verdict = "yes" if not wrong else "**no**: " + ", ".join(wrong)
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {verdict} |")
@@ -200,13 +236,16 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory(prefix="pyadjoint-table-")
     DISK = tmp.name
     versions = ", ".join(f"{d} {md.version(d)}" for d in ("pyadjoint-ad", "checkpoint_schedules"))
-    section = "\n\n".join([
-        f"Generated by `python benchmarks/pyadjoint_table.py` ({versions}); \"right?\": each "
-        f"value within {TOL:g} relative of the reference, exceptions by class name. "
-        "pyadjoint's rows have disk checkpointing configured (tape package data, as Firedrake's "
-        "`enable_disk_checkpointing()` does).",
-        table(scalar_loop, "(a) pyadjoint's immutable `AdjFloat`"),
-        table(vec_loop, "(b) a mutable Firedrake-like type (`Vec`, examples/pyadjoint_vec.py)")])
+    section = "\n\n".join(
+        [
+            f'Generated by `python benchmarks/pyadjoint_table.py` ({versions}); "right?": each '
+            f"value within {TOL:g} relative of the reference, exceptions by class name. "
+            "pyadjoint's rows have disk checkpointing configured (tape package data, as "
+            "Firedrake's `enable_disk_checkpointing()` does).",
+            table(scalar_loop, "(a) pyadjoint's immutable `AdjFloat`"),
+            table(vec_loop, "(b) a mutable Firedrake-like type (`Vec`, examples/pyadjoint_vec.py)"),
+        ]
+    )
     tmp.cleanup()
     print(section)
     if not (args.print or args.quick):

@@ -43,19 +43,41 @@ START, END = "<!-- table:start -->", "<!-- table:end -->"
 
 # name -> (script, arguments, timeout in seconds, title)
 BENCHMARKS = {
-    "scan": ("scan.py", ["--quick", "--markdown"], 600,
-             "First-order gradient of a long scan (benchmarks/scan.py)"),
-    "higher_order": ("higher_order.py", ["--quick", "--markdown"], 600,
-                     "Higher-order derivatives of a long scan (benchmarks/higher_order.py)"),
-    "diffrax": ("diffrax_adjoints.py",
-                ["--quick", "--markdown", "--adjoints",
-                 "CheckpointAdjoint,RecursiveCheckpoint,DirectAdjoint"], 900,
-                "diffrax adjoints on a neural ODE (benchmarks/diffrax_adjoints.py)"),
-    "host": ("host.py", ["--steps", "200", "--size", "200000"], 600,
-             "Host-driven NumPy loop (benchmarks/host.py)"),
-    "overhead": ("overhead.py", ["--quick", "--markdown"], 900,
-                 "Per-step overhead at every size, the targets of issue #18 "
-                 "(benchmarks/overhead.py)"),
+    "scan": (
+        "scan.py",
+        ["--quick", "--markdown"],
+        600,
+        "First-order gradient of a long scan (benchmarks/scan.py)",
+    ),
+    "higher_order": (
+        "higher_order.py",
+        ["--quick", "--markdown"],
+        600,
+        "Higher-order derivatives of a long scan (benchmarks/higher_order.py)",
+    ),
+    "diffrax": (
+        "diffrax_adjoints.py",
+        [
+            "--quick",
+            "--markdown",
+            "--adjoints",
+            "CheckpointAdjoint,RecursiveCheckpoint,DirectAdjoint",
+        ],
+        900,
+        "diffrax adjoints on a neural ODE (benchmarks/diffrax_adjoints.py)",
+    ),
+    "host": (
+        "host.py",
+        ["--steps", "200", "--size", "200000"],
+        600,
+        "Host-driven NumPy loop (benchmarks/host.py)",
+    ),
+    "overhead": (
+        "overhead.py",
+        ["--quick", "--markdown"],
+        900,
+        "Per-step overhead at every size, the targets of issue #18 (benchmarks/overhead.py)",
+    ),
 }
 
 
@@ -75,8 +97,11 @@ def run(name: str) -> tuple[str, float, str]:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         return out, time.perf_counter() - t0, f"timed out after {timeout} s"
     seconds = time.perf_counter() - t0
-    note = "" if proc.returncode == 0 else (
-        f"failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+    note = (
+        ""
+        if proc.returncode == 0
+        else (f"failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+    )
     print(f"   {seconds:.0f} s{'; ' + note if note else ''}", flush=True)
     return proc.stdout, seconds, note
 
@@ -153,8 +178,11 @@ def summary_rows(name: str, text: str) -> list[list[str]]:
                 base_name, mem_unit, t_unit = "DirectAdjoint", "MiB temp", "s"
                 bench = "diffrax_adjoints.py"
             elif name == "host":
-                m, mem, t = col(header, "row"), col(header, "peak - baseline (MiB)"), \
-                    col(header, "time (s)")
+                m, mem, t = (
+                    col(header, "row"),
+                    col(header, "peak - baseline (MiB)"),
+                    col(header, "time (s)"),
+                )
                 groups = {"gradient": [r for r in rows if not r[m].startswith("forward")]}
                 base_name, mem_unit, t_unit = "StoreAll", "MiB RSS", "s"
                 bench = "host.py (N=200)"
@@ -171,8 +199,17 @@ def summary_rows(name: str, text: str) -> list[list[str]]:
                     continue
                 bm = num(base[mem]) if base else None
                 bt = num(base[t]) if base else None
-                out.append([bench, group, r[m], f"{r[mem]} {mem_unit}", ratio(num(r[mem]), bm),
-                            f"{r[t]} {t_unit}", ratio(num(r[t]), bt)])
+                out.append(
+                    [
+                        bench,
+                        group,
+                        r[m],
+                        f"{r[mem]} {mem_unit}",
+                        ratio(num(r[mem]), bm),
+                        f"{r[t]} {t_unit}",
+                        ratio(num(r[t]), bt),
+                    ]
+                )
     return out
 
 
@@ -181,8 +218,9 @@ def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as fh:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")),
-                       cpu)
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu
+            )
     except OSError:
         pass
     try:
@@ -194,15 +232,16 @@ def machine() -> str:
     load = ""
     if hasattr(os, "getloadavg"):
         load = f", load average {os.getloadavg()[0]:.1f} at the end"
-    return (f"{cpu}, {os.cpu_count()} cores{load}; Python {platform.python_version()}, "
-            f"{jax_note}")
+    return f"{cpu}, {os.cpu_count()} cores{load}; Python {platform.python_version()}, {jax_note}"
 
 
-def render(outputs: dict[str, tuple[str, float, str]], argv: list[str], when: str,
-           where: str) -> str:
+def render(
+    outputs: dict[str, tuple[str, float, str]], argv: list[str], when: str, where: str
+) -> str:
     lines = [
         "Generated by `python benchmarks/readme_table.py"
-        + (" " + " ".join(argv) if argv else "") + f"` on {when}.",
+        + (" " + " ".join(argv) if argv else "")
+        + f"` on {when}.",
         f"Machine: {where}. Timings on a shared, loaded machine are indicative only;",
         "memory figures (XLA's `temp_size_in_bytes` of the compiled derivative, or the peak RSS",
         "above the baseline for the host loop) do not depend on load.",
@@ -212,8 +251,7 @@ def render(outputs: dict[str, tuple[str, float, str]], argv: list[str], when: st
         "Baseline: `jax.lax.scan` (scan, higher order), `diffrax.DirectAdjoint` (diffrax),"
         " `StoreAll` in RAM (host). Ratios below 1 are better.",
         "",
-        "| benchmark | derivative | method | memory | memory / baseline | time "
-        "| time / baseline |",
+        "| benchmark | derivative | method | memory | memory / baseline | time | time / baseline |",
         "|:---|:---|:---|---:|---:|---:|---:|",
     ]
     for name, (text, _, _) in outputs.items():
@@ -221,9 +259,13 @@ def render(outputs: dict[str, tuple[str, float, str]], argv: list[str], when: st
             lines.append("| " + " | ".join(r) + " |")
     for name, (text, seconds, note) in outputs.items():
         script, args, _, title = BENCHMARKS[name]
-        lines += ["", f"### {title}", "",
-                  f"`python benchmarks/{script} {' '.join(args)}`"
-                  + (f" ({seconds:.0f} s)" if seconds else "")]
+        lines += [
+            "",
+            f"### {title}",
+            "",
+            f"`python benchmarks/{script} {' '.join(args)}`"
+            + (f" ({seconds:.0f} s)" if seconds else ""),
+        ]
         if note:
             lines += ["", f"_{note}_"]
         body = markdown_part(text)
@@ -239,9 +281,11 @@ def write_doc(block: str) -> None:
     if DOC.exists():
         text = DOC.read_text()
     else:
-        text = ("# Benchmarks\n\nMemory and time of retrograde against `jax.lax.scan`, nested "
-                "remat, equinox's checkpointed scan, diffrax's adjoints and pyrevolve.\n\n"
-                f"{START}\n{END}\n")
+        text = (
+            "# Benchmarks\n\nMemory and time of retrograde against `jax.lax.scan`, nested "
+            "remat, equinox's checkpointed scan, diffrax's adjoints and pyrevolve.\n\n"
+            f"{START}\n{END}\n"
+        )
     if START not in text or END not in text:
         text = text.rstrip() + f"\n\n{START}\n{END}\n"
     DOC.write_text(_between_markers(text, block))
@@ -263,8 +307,11 @@ def _between_markers(text: str, block: str) -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default=",".join(BENCHMARKS),
-                    help=f"comma-separated subset of {','.join(BENCHMARKS)}")
+    ap.add_argument(
+        "--only",
+        default=",".join(BENCHMARKS),
+        help=f"comma-separated subset of {','.join(BENCHMARKS)}",
+    )
     ap.add_argument("--save-raw", metavar="DIR", help="keep each script's stdout in DIR")
     ap.add_argument("--load-raw", metavar="DIR", help="use saved stdout from DIR, run nothing")
     ap.add_argument("--print", action="store_true", help="print the block instead of writing")
@@ -282,16 +329,17 @@ def main(argv=None) -> int:
         if args.load_raw:
             path = Path(args.load_raw) / f"{name}.md"
             seconds, note = meta.get("runs", {}).get(name, (0.0, ""))
-            outputs[name] = (path.read_text(), seconds, note) if path.exists() else (
-                "", 0.0, "no saved output")
+            outputs[name] = (
+                (path.read_text(), seconds, note) if path.exists() else ("", 0.0, "no saved output")
+            )
         else:
             outputs[name] = run(name)
-    when = meta.get("when") or dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = meta.get("when") or dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     where = meta.get("where") or machine()
     if args.save_raw and not args.load_raw:
         raw = Path(args.save_raw)
         raw.mkdir(parents=True, exist_ok=True)
-        for name, (text, seconds, note) in outputs.items():
+        for name, (text, _seconds, _note) in outputs.items():
             (raw / f"{name}.md").write_text(text)
         runs = {name: [seconds, note] for name, (_, seconds, note) in outputs.items()}
         (raw / "meta.json").write_text(json.dumps({"when": when, "where": where, "runs": runs}))

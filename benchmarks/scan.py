@@ -15,7 +15,7 @@ Methods: ``retrograde.scan`` with ``Revolve(s)`` and with ``StoreAll()``; plain 
 chunk an inner ``lax.scan`` under ``jax.checkpoint``); and equinox's online checkpointed scan
 ``equinox.internal.scan(..., kind="checkpointed", checkpoints=s)`` at the same ``s``.
 
-    python benchmarks/scan.py              # N=1000, C=100000, s in {10, 45}; ~2-3 minutes on 2 cores
+    python benchmarks/scan.py              # N=1000, C=100000, s in {10, 45}; 2-3 minutes on 2 cores
     python benchmarks/scan.py --quick      # carry 30000, 3 repeats; about a minute
     python benchmarks/scan.py --markdown   # the table as markdown (for the README)
     python benchmarks/scan.py --n 2000 --carry 50000 --snapshots 10 20 --repeats 9
@@ -27,14 +27,15 @@ import argparse
 import statistics
 import time
 
+import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import equinox.internal as eqxi
 import retrograde
-from _common import nested_remat, nested_shape, print_table
 from retrograde.schedules import Revolve, StoreAll
+
+from _common import nested_remat, nested_shape, print_table
 
 DT = 0.01
 
@@ -72,8 +73,7 @@ def make_losses(n: int, snapshots: tuple[int, ...]):
 
     def eqx(s):
         def loss(theta, u0):
-            u, _ = eqxi.scan(step_fn(theta), u0, None, length=n, kind="checkpointed",
-                             checkpoints=s)
+            u, _ = eqxi.scan(step_fn(theta), u0, None, length=n, kind="checkpointed", checkpoints=s)
             return finish(u)
 
         return loss
@@ -125,24 +125,35 @@ def main(n: int, carry: int, snapshots: tuple[int, ...], repeats: int, markdown:
     t_lax = results["lax.scan"][2]
     g_lax = results["lax.scan"][3]
 
-    header = ["method", "s", "temp MiB", "temp / carry", "time ms", "time / equinox(s)",
-              "time / lax.scan"]
+    header = [
+        "method",
+        "s",
+        "temp MiB",
+        "temp / carry",
+        "time ms",
+        "time / equinox(s)",
+        "time / lax.scan",
+    ]
     rows = []
     for name, (s, temp, t, _) in results.items():
         t_eqx = results[f"equinox checkpointed (s={s})"][2] if s is not None else None
-        rows.append([
-            name,
-            "-" if s is None else str(s),
-            f"{temp / 2**20:.1f}",
-            f"{temp / carry_bytes:.2f}",
-            f"{t * 1e3:.1f}",
-            "-" if t_eqx is None else f"{t / t_eqx:.2f}",
-            f"{t / t_lax:.2f}",
-        ])
+        rows.append(
+            [
+                name,
+                "-" if s is None else str(s),
+                f"{temp / 2**20:.1f}",
+                f"{temp / carry_bytes:.2f}",
+                f"{t * 1e3:.1f}",
+                "-" if t_eqx is None else f"{t / t_eqx:.2f}",
+                f"{t / t_lax:.2f}",
+            ]
+        )
 
-    title = (f"First-order gradient, N = {n}, carry = {carry} float32 "
-             f"({carry_bytes / 2**20:.2f} MiB), median of {repeats} (jax {jax.__version__}, "
-             f"{jax.devices()[0].platform})")
+    title = (
+        f"First-order gradient, N = {n}, carry = {carry} float32 "
+        f"({carry_bytes / 2**20:.2f} MiB), median of {repeats} (jax {jax.__version__}, "
+        f"{jax.devices()[0].platform})"
+    )
     print_table(title, header, rows, markdown)
 
     # Targets.
@@ -154,17 +165,26 @@ def main(n: int, carry: int, snapshots: tuple[int, ...], repeats: int, markdown:
         t_eqx = results[f"equinox checkpointed (s={s})"][2]
         mem_ok = temp <= (s + 3) * carry_bytes
         excess = temp - (s + 3) * carry_bytes
-        print(f"{bullet}Revolve({s}) memory {temp / carry_bytes:.4f} carries <= s + 3 = {s + 3} "
-              f"({temp} B, {excess:+d} B against the bound): {'PASS' if mem_ok else 'MISS'}")
-        print(f"{bullet}Revolve({s}) time {t / t_eqx:.2f} x equinox(s={s}) <= 0.8: "
-              f"{'PASS' if t <= 0.8 * t_eqx else 'MISS'}")
+        print(
+            f"{bullet}Revolve({s}) memory {temp / carry_bytes:.4f} carries <= s + 3 = {s + 3} "
+            f"({temp} B, {excess:+d} B against the bound): {'PASS' if mem_ok else 'MISS'}"
+        )
+        print(
+            f"{bullet}Revolve({s}) time {t / t_eqx:.2f} x equinox(s={s}) <= 0.8: "
+            f"{'PASS' if t <= 0.8 * t_eqx else 'MISS'}"
+        )
     t_sa = results["retrograde StoreAll()"][2]
-    print(f"{bullet}StoreAll() time {t_sa / t_lax:.2f} x lax.scan <= 1.2: "
-          f"{'PASS' if t_sa <= 1.2 * t_lax else 'MISS'}")
+    print(
+        f"{bullet}StoreAll() time {t_sa / t_lax:.2f} x lax.scan <= 1.2: "
+        f"{'PASS' if t_sa <= 1.2 * t_lax else 'MISS'}"
+    )
 
     print()
-    print("Agreement with the lax.scan gradient (relative error):" if not markdown
-          else "**Agreement with the lax.scan gradient (relative error):**\n")
+    print(
+        "Agreement with the lax.scan gradient (relative error):"
+        if not markdown
+        else "**Agreement with the lax.scan gradient (relative error):**\n"
+    )
     for name, (_, _, _, g) in results.items():
         if name.startswith("retrograde"):
             err = abs(float(g) - float(g_lax)) / abs(float(g_lax))
@@ -174,8 +194,9 @@ def main(n: int, carry: int, snapshots: tuple[int, ...], repeats: int, markdown:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=1000, help="number of steps (default 1000)")
-    p.add_argument("--carry", type=int, default=None,
-                   help="carry size in float32 (100000; 30000 with --quick)")
+    p.add_argument(
+        "--carry", type=int, default=None, help="carry size in float32 (100000; 30000 with --quick)"
+    )
     p.add_argument("--snapshots", type=int, nargs="+", default=[10, 45], help="s values (10 45)")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats (5; 3 with --quick)")
     p.add_argument("--quick", action="store_true", help="smaller carry, fewer repeats (~1 min)")

@@ -43,16 +43,31 @@ _report = [None]  # the --retrograde-report path
 
 def pytest_addoption(parser):
     group = parser.getgroup("retrograde")
-    group.addoption("--retrograde-substitute", choices=SUBSTITUTES, default=None,
-                    help="what to replace by retrograde's version")
-    group.addoption("--retrograde-schedule", choices=SCHEDULES, default="default",
-                    help="the schedule the substituted jax.lax loop is given")
-    group.addoption("--retrograde-report", default=None,
-                    help="write one JSON record per test to this path")
-    group.addoption("--retrograde-only", default=None,
-                    help="run only the tests whose node ids this file lists, one a line")
-    group.addoption("--retrograde-skip", default=None,
-                    help="leave out the tests whose node ids this file lists, one a line")
+    group.addoption(
+        "--retrograde-substitute",
+        choices=SUBSTITUTES,
+        default=None,
+        help="what to replace by retrograde's version",
+    )
+    group.addoption(
+        "--retrograde-schedule",
+        choices=SCHEDULES,
+        default="default",
+        help="the schedule the substituted jax.lax loop is given",
+    )
+    group.addoption(
+        "--retrograde-report", default=None, help="write one JSON record per test to this path"
+    )
+    group.addoption(
+        "--retrograde-only",
+        default=None,
+        help="run only the tests whose node ids this file lists, one a line",
+    )
+    group.addoption(
+        "--retrograde-skip",
+        default=None,
+        help="leave out the tests whose node ids this file lists, one a line",
+    )
 
 
 def make_schedule(name: str):
@@ -79,6 +94,7 @@ def _counted(fun):
 
 def _lax_substitute(name: str, schedule):
     import jax
+
     import retrograde
 
     loop = getattr(retrograde, name)
@@ -89,8 +105,9 @@ def _lax_substitute(name: str, schedule):
         # schedules (an offline one is refused, naming the fix), so those calls get the default.
         def fori_loop(lower, upper, body_fun, init_val, **kw):
             traced = any(isinstance(b, jax.core.Tracer) for b in (lower, upper))
-            return loop(lower, upper, body_fun, init_val,
-                        **({} if traced else {"schedule": schedule}), **kw)
+            return loop(
+                lower, upper, body_fun, init_val, **({} if traced else {"schedule": schedule}), **kw
+            )
 
         return fori_loop
     return functools.partial(loop, schedule=schedule)
@@ -167,10 +184,14 @@ def pytest_report_header(config):
     if what is None:
         return "retrograde: nothing substituted"
     if what == "diffrax":
-        return ("retrograde: diffrax.diffeqsolve's default adjoint (RecursiveCheckpointAdjoint) is "
-                "CheckpointAdjoint()")
-    return (f"retrograde: jax.lax.{what} is retrograde.{what}, schedule "
-            f"{config.getoption('--retrograde-schedule')}")
+        return (
+            "retrograde: diffrax.diffeqsolve's default adjoint (RecursiveCheckpointAdjoint) is "
+            "CheckpointAdjoint()"
+        )
+    return (
+        f"retrograde: jax.lax.{what} is retrograde.{what}, schedule "
+        f"{config.getoption('--retrograde-schedule')}"
+    )
 
 
 def _node_ids(path) -> set[str]:
@@ -198,8 +219,9 @@ def _write_record(record):
 
 def pytest_runtest_logstart(nodeid, location):
     if _report[0]:
-        _write_record({"nodeid": nodeid, "when": "start", "outcome": "started", "exercised": 0,
-                       "message": ""})
+        _write_record(
+            {"nodeid": nodeid, "when": "start", "outcome": "started", "exercised": 0, "message": ""}
+        )
 
 
 def pytest_runtest_setup(item):
@@ -213,6 +235,13 @@ def pytest_runtest_makereport(item, call):
         message = ""
         if call.excinfo is not None and report.outcome == "failed":
             message = call.excinfo.exconly().strip().splitlines()[0][:300]
-        _write_record({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
-                       "exercised": _calls[0], "message": message})
+        _write_record(
+            {
+                "nodeid": report.nodeid,
+                "when": report.when,
+                "outcome": report.outcome,
+                "exercised": _calls[0],
+                "message": message,
+            }
+        )
     return report

@@ -7,8 +7,8 @@ https://github.com/jax-ml/jax at the tag of the installed jax (``jax-v0.10.2``):
 ``tests/lax_control_flow_test.py`` runs once per substitution of ``jax.lax.scan``,
 ``jax.lax.fori_loop`` or ``jax.lax.while_loop`` by retrograde's loop and per schedule (see
 ``MATRIX``; under a loop's first schedule the whole file runs, under the others only the tests
-that called the loop). ``--diffrax-src`` is a checkout of https://github.com/patrick-kidger/diffrax at the
-installed version's tag (``v0.7.2``): each file of its ``test/`` runs with
+that called the loop). ``--diffrax-src`` is a checkout of https://github.com/patrick-kidger/diffrax
+at the installed version's tag (``v0.7.2``): each file of its ``test/`` runs with
 ``retrograde.diffrax.CheckpointAdjoint()`` as ``diffeqsolve``'s default adjoint. Each suite runs
 with its own pytest configuration (jax: warnings are errors; diffrax: jaxtyping's runtime type
 checking of diffrax, x64, strict dtype promotion, rank promotion raising). Nothing of either
@@ -141,38 +141,68 @@ def execute(run: Run, args, workdir: Path) -> None:
     skip = report.with_suffix(".skip")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(HERE), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+        [str(HERE), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
+    )
     cmd = [
-        sys.executable, "-P", "-m", "pytest", *run.files, "-q", "-p", "no:cacheprovider",
-        "-p", "retrograde_compat", f"--retrograde-substitute={run.substitute}",
-        f"--retrograde-schedule={run.schedule}", f"--retrograde-report={report}",
-        *([f"--retrograde-only={run.only}"] if run.only else []), *args.pytest_args,
+        sys.executable,
+        "-P",
+        "-m",
+        "pytest",
+        *run.files,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "retrograde_compat",
+        f"--retrograde-substitute={run.substitute}",
+        f"--retrograde-schedule={run.schedule}",
+        f"--retrograde-report={report}",
+        *([f"--retrograde-only={run.only}"] if run.only else []),
+        *args.pytest_args,
     ]
     start = time.monotonic()
     crashes = []
     while True:
         left = args.timeout - (time.monotonic() - start)
         try:
-            proc = subprocess.run(cmd + ([f"--retrograde-skip={skip}"] if crashes else []),
-                                  cwd=run.src, env=env, capture_output=True, text=True,
-                                  timeout=max(left, 1))
+            proc = subprocess.run(
+                cmd + ([f"--retrograde-skip={skip}"] if crashes else []),
+                cwd=run.src,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=max(left, 1),
+            )
             run.returncode, out = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as e:
             run.returncode = -1
             out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
             out += f"\n(timed out after {args.timeout} s)"
-        records = ([json.loads(line) for line in report.read_text().splitlines() if line]
-                   if report.exists() else [])
+        records = (
+            [json.loads(line) for line in report.read_text().splitlines() if line]
+            if report.exists()
+            else []
+        )
         # pytest's exit status: 0 all passed, 1 some failed, 5 nothing selected.
         culprit = crashed_in(records) if run.returncode not in (-1, 0, 1, 5) else None
         if culprit is None or culprit in crashes:
             break
         crashes.append(culprit)
         with report.open("a") as f:
-            f.write(json.dumps({"nodeid": culprit, "when": "call", "outcome": "failed",
-                                "exercised": 0, "message": f"the pytest process crashed "
-                                f"(exit status {run.returncode}) in this test; the file "
-                                f"was resumed after it"}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "nodeid": culprit,
+                        "when": "call",
+                        "outcome": "failed",
+                        "exercised": 0,
+                        "message": f"the pytest process crashed "
+                        f"(exit status {run.returncode}) in this test; the file "
+                        f"was resumed after it",
+                    }
+                )
+                + "\n"
+            )
         skip.write_text("\n".join(sorted({rec["nodeid"] for rec in records} | {culprit})))
     run.seconds = time.monotonic() - start
     run.tail = "\n".join(out.strip().splitlines()[-15:])
@@ -196,15 +226,21 @@ def summarise(runs: list[Run], rows, out=sys.stdout) -> bool:
         skipped = sum(rec["outcome"] == "skipped" for rec in recs)
         exercised = sum(rec["exercised"] > 0 for rec in calls)
         seconds = sum(r.seconds for r in group)
-        print(f"{name:28s} {passed:5d} / {len(failed):4d} / {skipped:4d}; {exercised:5d} "
-              f"called it ({seconds:.0f} s)", file=out)
+        print(
+            f"{name:28s} {passed:5d} / {len(failed):4d} / {skipped:4d}; {exercised:5d} "
+            f"called it ({seconds:.0f} s)",
+            file=out,
+        )
         for r in group:
             # pytest's exit status: 0 all passed, 1 some failed, 5 nothing selected.
             crashed = r.returncode not in (0, 1, 5) or (not r.records and r.returncode == 1)
             if crashed:
                 ok = False
-                print(f"  {' '.join(r.files)}: pytest exited with {r.returncode}:\n"
-                      + "\n".join("    " + line for line in r.tail.splitlines()), file=out)
+                print(
+                    f"  {' '.join(r.files)}: pytest exited with {r.returncode}:\n"
+                    + "\n".join("    " + line for line in r.tail.splitlines()),
+                    file=out,
+                )
         failures += [(name, rec) for rec in failed]
     unlisted = []
     print("\n== Failures listed in docs/drop-in.md", file=out)
@@ -217,40 +253,52 @@ def summarise(runs: list[Run], rows, out=sys.stdout) -> bool:
         print(f"{name}  {rec['nodeid']}\n    out of scope: {reason}", file=out)
     if unlisted:
         ok = False
-        print("\n== Failures NOT listed (bugs to fix, or entries to add with a reason)",
-              file=out)
+        print("\n== Failures NOT listed (bugs to fix, or entries to add with a reason)", file=out)
         for name, rec in unlisted:
             print(f"{name}  {rec['nodeid']}\n    {rec['message']}", file=out)
     failed_ids = {(name, rec["nodeid"]) for name, rec in failures}
     stale = []
     for name, group in by_name.items():
         for rec in (rec for r in group for rec in r.records):
-            if rec["when"] == "call" and rec["outcome"] == "passed" and (
-                    name, rec["nodeid"]) not in failed_ids and listed_reason(
-                        rows, name, rec["nodeid"]) is not None:
+            if (
+                rec["when"] == "call"
+                and rec["outcome"] == "passed"
+                and (name, rec["nodeid"]) not in failed_ids
+                and listed_reason(rows, name, rec["nodeid"]) is not None
+            ):
                 stale.append((name, rec["nodeid"]))
     if stale:
         print(f"\n== {len(stale)} listed tests passed (stale entries?)", file=out)
         for name, nodeid in stale[:50]:
             print(f"{name}  {nodeid}", file=out)
-    print(f"\n{'OK' if ok else 'FAILED'}: {len(failures)} failures, {len(unlisted)} not listed.",
-          file=out)
+    print(
+        f"\n{'OK' if ok else 'FAILED'}: {len(failures)} failures, {len(unlisted)} not listed.",
+        file=out,
+    )
     return ok
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--jax-src", help="a checkout of jax-ml/jax at the installed jax's tag")
-    p.add_argument("--diffrax-src", help="a checkout of patrick-kidger/diffrax at the "
-                   "installed diffrax's tag")
-    p.add_argument("--substitute", nargs="*", choices=[*MATRIX, "diffrax"],
-                   help="only these substitutions (default: all)")
+    p.add_argument(
+        "--diffrax-src", help="a checkout of patrick-kidger/diffrax at the installed diffrax's tag"
+    )
+    p.add_argument(
+        "--substitute",
+        nargs="*",
+        choices=[*MATRIX, "diffrax"],
+        help="only these substitutions (default: all)",
+    )
     p.add_argument("--schedule", nargs="*", help="only these schedules (jax suite)")
     p.add_argument("--files", nargs="*", help="only diffrax test files containing these names")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per pytest process")
-    p.add_argument("--all-tests", action="store_true",
-                   help="jax suite: run every test under every schedule (default: the whole "
-                   "file under a loop's first schedule, then only the tests that called it)")
+    p.add_argument(
+        "--all-tests",
+        action="store_true",
+        help="jax suite: run every test under every schedule (default: the whole "
+        "file under a loop's first schedule, then only the tests that called it)",
+    )
     p.add_argument("--json", help="also write every test record to this file")
     p.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
     args = p.parse_args(argv)
@@ -263,17 +311,26 @@ def main(argv=None) -> int:
         for run in runs:
             if run.suite == "jax" and run.substitute in called and not args.all_tests:
                 run.only = called[run.substitute]
-            print(f"-- {run.name}: {' '.join(run.files)}"
-                  + (" (the tests that call it)" if run.only else ""), flush=True)
+            print(
+                f"-- {run.name}: {' '.join(run.files)}"
+                + (" (the tests that call it)" if run.only else ""),
+                flush=True,
+            )
             execute(run, args, Path(tmp))
             if run.suite == "jax" and run.substitute not in called:
                 path = Path(tmp) / f"{run.substitute}.calls"
-                path.write_text("\n".join(rec["nodeid"] for rec in run.records
-                                          if rec["when"] == "call" and rec["exercised"]))
+                path.write_text(
+                    "\n".join(
+                        rec["nodeid"]
+                        for rec in run.records
+                        if rec["when"] == "call" and rec["exercised"]
+                    )
+                )
                 called[run.substitute] = path
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            [{"run": r.name, **rec} for r in runs for rec in r.records], indent=1))
+        Path(args.json).write_text(
+            json.dumps([{"run": r.name, **rec} for r in runs for rec in r.records], indent=1)
+        )
     return 0 if summarise(runs, rows) else 1
 
 

@@ -82,7 +82,10 @@ def outer_loss(eta, scan):
 eta = jnp.array([150.0, 1e-2])  # (inner step size, regulariser)
 
 results = {}
-for name, scan in [("retrograde.scan, Revolve(12)", retrograde.scan), ("jax.lax.scan", jax.lax.scan)]:
+for name, scan in [
+    ("retrograde.scan, Revolve(12)", retrograde.scan),
+    ("jax.lax.scan", jax.lax.scan),
+]:
     # The outer gradient dL/d eta: reverse mode through the inner gradients (grad of grad).
     f = jax.jit(jax.value_and_grad(lambda e: outer_loss(e, scan)))
     t0 = time.perf_counter()
@@ -101,6 +104,8 @@ for name, scan in [("retrograde.scan, Revolve(12)", retrograde.scan), ("jax.lax.
 (_, g_r, m_r), (_, g_l, m_l) = results.values()
 rel = float(jnp.linalg.norm(g_r - g_l) / jnp.linalg.norm(g_l))
 print(f"\nagreement: relative difference of the outer gradients = {rel:.1e}")
-print(f"memory: retrograde uses {m_r / m_l:.3f} x the temp memory of lax.scan "
-      f"({m_l / m_r:.0f} x less)")
+print(
+    f"memory: retrograde uses {m_r / m_l:.3f} x the temp memory of lax.scan "
+    f"({m_l / m_r:.0f} x less)"
+)
 assert rel < 1e-8, "the two outer gradients disagree"

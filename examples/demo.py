@@ -32,7 +32,12 @@ import retrograde  # noqa: E402
 import retrograde.host as rh  # noqa: E402
 from retrograde.planner import plot_schedule  # noqa: E402
 from retrograde.schedules import (  # noqa: E402
-    Level, MultiLevel, Online, Revolve, revolve_optimum, simulate,
+    Level,
+    MultiLevel,
+    Online,
+    Revolve,
+    revolve_optimum,
+    simulate,
 )
 
 T_START = time.perf_counter()
@@ -86,9 +91,16 @@ def neural_ode():
             return jax.vmap(net)(y) - 0.1 * y + jnp.sin(3.0 * t)
 
         return diffrax.diffeqsolve(
-            diffrax.ODETerm(vector_field), diffrax.Tsit5(), 0.0, t1, 0.05, y0,
-            saveat=diffrax.SaveAt(ts=ts), stepsize_controller=diffrax.PIDController(1e-7, 1e-7),
-            adjoint=adjoint, max_steps=max_steps,
+            diffrax.ODETerm(vector_field),
+            diffrax.Tsit5(),
+            0.0,
+            t1,
+            0.05,
+            y0,
+            saveat=diffrax.SaveAt(ts=ts),
+            stepsize_controller=diffrax.PIDController(1e-7, 1e-7),
+            adjoint=adjoint,
+            max_steps=max_steps,
         )
 
     def loss(params, y0, adjoint):
@@ -101,17 +113,21 @@ def neural_ode():
 
         return jax.grad(inner)(params)
 
-    n_steps = int(jax.jit(lambda p, y: solve(p, y, diffrax.DirectAdjoint()).stats["num_steps"])(
-        params, y0))
-    print(f"MLP {dim}-{width}-{dim} vector field, batch of {batch} initial values, Tsit5 + PID "
-          f"(rtol 1e-7): {n_steps} adaptive steps, max_steps={max_steps};")
+    n_steps = int(
+        jax.jit(lambda p, y: solve(p, y, diffrax.DirectAdjoint()).stats["num_steps"])(params, y0)
+    )
+    print(
+        f"MLP {dim}-{width}-{dim} vector field, batch of {batch} initial values, Tsit5 + PID "
+        f"(rtol 1e-7): {n_steps} adaptive steps, max_steps={max_steps};"
+    )
     print("d/d(params) |d loss/d y0|^2, compiled once per adjoint (compiling dominates the time):")
     results = {}
     # Online(16): 16 snapshots of the solver state, placed as the adaptive steps arrive (the
     # default, Online(s) with (s+1)(s+2)/2 >= max_steps, matches RecursiveCheckpointAdjoint's).
-    for name, adjoint in [("CheckpointAdjoint(Online(16))",
-                           CheckpointAdjoint(schedule=Online(16))),
-                          ("diffrax.DirectAdjoint()", diffrax.DirectAdjoint())]:
+    for name, adjoint in [
+        ("CheckpointAdjoint(Online(16))", CheckpointAdjoint(schedule=Online(16))),
+        ("diffrax.DirectAdjoint()", diffrax.DirectAdjoint()),
+    ]:
         tc = time.perf_counter()
         f, mem = compiled(lambda p, y, adjoint=adjoint: grad_of_grad(p, y, adjoint), params, y0)
         tc, tr = time.perf_counter() - tc, time.perf_counter()
@@ -121,11 +137,15 @@ def neural_ode():
         if name.startswith("Check"):
             mem_ck = mem
     err = rel_err(results["CheckpointAdjoint(Online(16))"], results["diffrax.DirectAdjoint()"])
-    print(f"  results agree to {err:.1e} (max relative difference); CheckpointAdjoint needs "
-          f"{mem_ck / mem:.1%} of DirectAdjoint's memory")
-    print(f"  (DirectAdjoint's memory grows with max_steps; CheckpointAdjoint's is set by its 16 "
-          f"snapshots)"
-          f"   [{time.perf_counter() - t0:.0f} s]")
+    print(
+        f"  results agree to {err:.1e} (max relative difference); CheckpointAdjoint needs "
+        f"{mem_ck / mem:.1%} of DirectAdjoint's memory"
+    )
+    print(
+        f"  (DirectAdjoint's memory grows with max_steps; CheckpointAdjoint's is set by its 16 "
+        f"snapshots)"
+        f"   [{time.perf_counter() - t0:.0f} s]"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -162,8 +182,10 @@ def long_scan():
     err = rel_err(g_retro(1.3, u0), g_lax(1.3, u0))
     print(f"carry {CARRY} float64 ({CARRY * 8 / 1024:.0f} KiB); gradient w.r.t. (theta, u0)")
     print(f"  jax.lax.scan        temp memory {mib(mem_lax):>10}")
-    print(f"  retrograde.scan     temp memory {mib(mem_retro):>10}  "
-          f"= {mem_retro / mem_lax:.2%} of lax.scan; gradients agree to {err:.1e}")
+    print(
+        f"  retrograde.scan     temp memory {mib(mem_retro):>10}  "
+        f"= {mem_retro / mem_lax:.2%} of lax.scan; gradients agree to {err:.1e}"
+    )
 
     # Count the compiled gradient's step evaluations with a host callback in the step.
     counted = jax.jit(jax.grad(make_loss(retro_scan, count=True), argnums=(0, 1)))
@@ -175,10 +197,14 @@ def long_scan():
     optimum = revolve_optimum(N_SCAN, SLOTS)
     verdict = "optimal" if len(CALLS) == expected and stats.plain == optimum else "MISMATCH"
     print(f"  step evaluations of the compiled gradient (callback count): {len(CALLS):,}")
-    print(f"  expected: simulate(...).plain + 1 + N = {stats.plain:,} + 1 + {N_SCAN:,} = "
-          f"{expected:,}; proven optimum revolve_optimum(N, s) = {optimum:,} plain -> {verdict}")
-    print(f"  ({(len(CALLS)) / (2 * N_SCAN):.2f}x the 2N evaluations of storing every state)"
-          f"   [{time.perf_counter() - t0:.0f} s]")
+    print(
+        f"  expected: simulate(...).plain + 1 + N = {stats.plain:,} + 1 + {N_SCAN:,} = "
+        f"{expected:,}; proven optimum revolve_optimum(N, s) = {optimum:,} plain -> {verdict}"
+    )
+    print(
+        f"  ({(len(CALLS)) / (2 * N_SCAN):.2f}x the 2N evaluations of storing every state)"
+        f"   [{time.perf_counter() - t0:.0f} s]"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -221,19 +247,29 @@ def host_loop():
     x = np.linspace(0.0, 1.0, NX)
     target = 0.3 * np.sin(np.pi * x)
     zero_p = {"q": 0.0, "g": 0.0}
-    loss = rh.Running(lambda n, s, p: 0.5 * DT * np.sum((s["u"] - target) ** 2),
-                      grad=lambda n, s, p: ({"u": DT * (s["u"] - target), "lag": 0 * s["lag"]},
-                                            zero_p))
+    loss = rh.Running(
+        lambda n, s, p: 0.5 * DT * np.sum((s["u"] - target) ** 2),
+        grad=lambda n, s, p: ({"u": DT * (s["u"] - target), "lag": 0 * s["lag"]}, zero_p),
+    )
     state0 = {"u": np.exp(-50 * (x - 0.3) ** 2), "lag": np.zeros(NX)}
     params = {"q": np.cos(2 * np.pi * x), "g": 0.5}
 
-    schedule = MultiLevel([Level(3, name="memory"),
-                           Level(8, write_cost=2, read_cost=2, name="disk")])
+    schedule = MultiLevel(
+        [Level(3, name="memory"), Level(8, write_cost=2, read_cost=2, name="disk")]
+    )
     stats = simulate(schedule, N_HOST)
     with tempfile.TemporaryDirectory() as tmp:
         storage = {"memory": rh.Memory(), "disk": rh.Disk(tmp)}
-        J, grad = rh.value_and_grad(rh.Step(forward, vjp), loss, state0, params, N_HOST,
-                                    schedule=schedule, storage=storage, progress=False)
+        J, grad = rh.value_and_grad(
+            rh.Step(forward, vjp),
+            loss,
+            state0,
+            params,
+            N_HOST,
+            schedule=schedule,
+            storage=storage,
+            progress=False,
+        )
         left = os.listdir(tmp)
 
     def J_plain(p):
@@ -245,27 +281,42 @@ def host_loop():
 
     rng = np.random.default_rng(0)
     dq, dg, eps = rng.standard_normal(NX), 1.0, 1e-6
-    fd = (J_plain({"q": params["q"] + eps * dq, "g": params["g"] + eps * dg})
-          - J_plain({"q": params["q"] - eps * dq, "g": params["g"] - eps * dg})) / (2 * eps)
+    fd = (
+        J_plain({"q": params["q"] + eps * dq, "g": params["g"] + eps * dg})
+        - J_plain({"q": params["q"] - eps * dq, "g": params["g"] - eps * dg})
+    ) / (2 * eps)
     ad = float(np.dot(grad.params["q"], dq) + grad.params["g"] * dg)
-    print(f"{N_HOST} steps of a {NX}-point heat equation with a delayed reaction (a value made at "
-          "step n is used at step n + 3);")
-    print("MultiLevel: 3 snapshot slots in RAM + 8 on disk (rh.Disk, a disk access costing ~2 steps)")
-    print(f"  slots used (RAM, disk): {stats.peak_slots}; evaluations {stats.plain:,} plain + "
-          f"{stats.recorded} adjoint; disk files left after: {len(left)}")
-    print(f"  J = {J:.10f}; directional derivative: adjoint {ad:.10f}, finite differences "
-          f"{fd:.10f} (rel. error {abs(ad - fd) / abs(fd):.1e})   [{time.perf_counter() - t0:.0f} s]")
+    print(
+        f"{N_HOST} steps of a {NX}-point heat equation with a delayed reaction (a value made at "
+        "step n is used at step n + 3);"
+    )
+    print(
+        "MultiLevel: 3 snapshot slots in RAM + 8 on disk (rh.Disk, a disk access costing ~2 steps)"
+    )
+    print(
+        f"  slots used (RAM, disk): {stats.peak_slots}; evaluations {stats.plain:,} plain + "
+        f"{stats.recorded} adjoint; disk files left after: {len(left)}"
+    )
+    print(
+        f"  J = {J:.10f}; directional derivative: adjoint {ad:.10f}, finite differences "
+        f"{fd:.10f} (rel. error {abs(ad - fd) / abs(fd):.1e})   [{time.perf_counter() - t0:.0f} s]"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
 def picture():
     heading("Picture")
     n, schedule = 60, Revolve(6)
-    _, stats = plot_schedule(schedule, n, "demo_schedule.png",
-                             title=f"{schedule} reversing N = {n} steps "
-                                   f"({stats_line(schedule, n)})")
-    print(f"wrote demo_schedule.png: {schedule} for N = {n} (the schedule family of part 2; "
-          f"{stats.plain} plain + {stats.recorded} recorded evaluations)")
+    _, stats = plot_schedule(
+        schedule,
+        n,
+        "demo_schedule.png",
+        title=f"{schedule} reversing N = {n} steps ({stats_line(schedule, n)})",
+    )
+    print(
+        f"wrote demo_schedule.png: {schedule} for N = {n} (the schedule family of part 2; "
+        f"{stats.plain} plain + {stats.recorded} recorded evaluations)"
+    )
 
 
 def stats_line(schedule, n):
@@ -274,8 +325,10 @@ def stats_line(schedule, n):
 
 
 if __name__ == "__main__":
-    print(f"retrograde {retrograde.__version__}, jax {jax.__version__}, "
-          f"{jax.devices()[0].platform.upper()}, float64")
+    print(
+        f"retrograde {retrograde.__version__}, jax {jax.__version__}, "
+        f"{jax.devices()[0].platform.upper()}, float64"
+    )
     neural_ode()
     long_scan()
     host_loop()

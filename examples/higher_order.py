@@ -39,7 +39,7 @@ theta, p = 1.3, 0.1 * jnp.cos(jnp.arange(4.0))  # p: 4 parameters, tiled over th
 
 
 def derivatives(n, scan):
-    f = lambda th, p: loss(th, p, n, scan)  # noqa: E731
+    f = lambda th, p: loss(th, p, n, scan)
     return {
         # the 4x4 Hessian w.r.t. p (jax.hessian: forward over reverse), shown as its trace
         "hessian (trace)": lambda th, p: jnp.trace(jax.hessian(f, argnums=1)(th, p)),
@@ -55,8 +55,10 @@ print(f"loss = mean(u_N^2) after N = {N} steps, carry {C} float64, {SCHEDULE}")
 for name in derivatives(N, "retrograde"):
     ours = jax.jit(derivatives(N, "retrograde")[name])(theta, p)
     ref = jax.jit(derivatives(N, "lax")[name])(theta, p)
-    print(f"  {name:<16} retrograde {float(ours): .12e}   lax.scan {float(ref): .12e}   "
-          f"rel. diff {abs(float(ours - ref)) / abs(float(ref)):.1e}")
+    print(
+        f"  {name:<16} retrograde {float(ours): .12e}   lax.scan {float(ref): .12e}   "
+        f"rel. diff {abs(float(ours - ref)) / abs(float(ref)):.1e}"
+    )
 
 
 # Memory: XLA's temporary buffers of the compiled derivative, at two loop lengths.
@@ -69,7 +71,8 @@ for n in (1_000, 4_000):
     row = []
     for scan in ("retrograde", "lax"):
         d = derivatives(n, scan)
-        row.append(f"{scan:>10}: {temp_kib(d['grad of grad']):>9.0f} / "
-                   f"{temp_kib(d['third order']):>9.0f}")
+        row.append(
+            f"{scan:>10}: {temp_kib(d['grad of grad']):>9.0f} / {temp_kib(d['third order']):>9.0f}"
+        )
     print(f"  N = {n:>5}   " + "   ".join(row))
 print("retrograde's memory stays flat in N; lax.scan's grows linearly with N at every order.")

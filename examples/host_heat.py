@@ -58,11 +58,17 @@ step = rh.Step(forward, vjp)
 x = np.linspace(0, 1, NX)
 target = 0.3 * np.sin(np.pi * x)
 loss = (
-    rh.Running(lambda n, s, p: 0.5 * DT * np.sum((s["u"] - target) ** 2),
-               grad=lambda n, s, p: ({"u": DT * (s["u"] - target), "lag": 0 * s["lag"]},
-                                     {"q": 0.0, "g": 0.0})),
-    rh.Final(lambda n, s, p: np.sum(s["u"] ** 2),
-             grad=lambda n, s, p: ({"u": 2 * s["u"], "lag": 0 * s["lag"]}, {"q": 0.0, "g": 0.0})),
+    rh.Running(
+        lambda n, s, p: 0.5 * DT * np.sum((s["u"] - target) ** 2),
+        grad=lambda n, s, p: (
+            {"u": DT * (s["u"] - target), "lag": 0 * s["lag"]},
+            {"q": 0.0, "g": 0.0},
+        ),
+    ),
+    rh.Final(
+        lambda n, s, p: np.sum(s["u"] ** 2),
+        grad=lambda n, s, p: ({"u": 2 * s["u"], "lag": 0 * s["lag"]}, {"q": 0.0, "g": 0.0}),
+    ),
 )
 
 state0 = {"u": np.exp(-50 * (x - 0.3) ** 2), "lag": np.zeros(NX)}
@@ -75,8 +81,7 @@ print(f"{N_STEPS} steps, slots used {stats.peak_slots}, plain evaluations {stats
 
 # storage: level 0 in RAM, level 1 in a private temporary directory (removed afterwards)
 storage = {"memory": rh.Memory(), "disk": rh.Disk()}
-J, grad = rh.value_and_grad(step, loss, state0, params, N_STEPS, schedule=schedule,
-                            storage=storage)
+J, grad = rh.value_and_grad(step, loss, state0, params, N_STEPS, schedule=schedule, storage=storage)
 print(f"J = {J:.10f}")
 
 
@@ -93,17 +98,22 @@ def J_plain(p, s0=state0):
 rng = np.random.default_rng(0)
 dq, dg = rng.standard_normal(NX), 1.0
 eps = 1e-6
-fd = (J_plain({"q": params["q"] + eps * dq, "g": params["g"] + eps * dg})
-      - J_plain({"q": params["q"] - eps * dq, "g": params["g"] - eps * dg})) / (2 * eps)
+fd = (
+    J_plain({"q": params["q"] + eps * dq, "g": params["g"] + eps * dg})
+    - J_plain({"q": params["q"] - eps * dq, "g": params["g"] - eps * dg})
+) / (2 * eps)
 ad = np.dot(grad.params["q"], dq) + grad.params["g"] * dg
-print(f"directional derivative: adjoint {ad:.10f}, finite differences {fd:.10f}, "
-      f"relative error {abs(ad - fd) / abs(fd):.1e}")
+print(
+    f"directional derivative: adjoint {ad:.10f}, finite differences {fd:.10f}, "
+    f"relative error {abs(ad - fd) / abs(fd):.1e}"
+)
 assert abs(ad - fd) <= 1e-6 * abs(fd)
 
 # ---- several functionals from one forward sweep ---------------------------------------------
-with rh.forward(step, state0, params, N_STEPS, schedule=schedule, loss=loss,
-                storage=storage) as fp:
+with rh.forward(step, state0, params, N_STEPS, schedule=schedule, loss=loss, storage=storage) as fp:
     g_loss = fp.vjp()  # dJ
     g_mean = fp.vjp({"u": np.full(NX, 1 / NX), "lag": np.zeros(NX)}, loss_bar=0.0)  # d mean(u_N)
-print(f"|dJ/dq| = {np.linalg.norm(g_loss.params['q']):.6f}, "
-      f"|d mean(u_N)/dq| = {np.linalg.norm(g_mean.params['q']):.6f}")
+print(
+    f"|dJ/dq| = {np.linalg.norm(g_loss.params['q']):.6f}, "
+    f"|d mean(u_N)/dq| = {np.linalg.norm(g_mean.params['q']):.6f}"
+)

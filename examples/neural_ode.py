@@ -37,8 +37,15 @@ def fit_loss(params, y0, adjoint):
     net = eqx.combine(params, static)
     term = diffrax.ODETerm(lambda t, y, args: jax.vmap(net)(y))
     sol = diffrax.diffeqsolve(
-        term, diffrax.Tsit5(), 0.0, 1.0, 1.0 / N_STEPS, y0,
-        saveat=diffrax.SaveAt(ts=ts), adjoint=adjoint, max_steps=N_STEPS,
+        term,
+        diffrax.Tsit5(),
+        0.0,
+        1.0,
+        1.0 / N_STEPS,
+        y0,
+        saveat=diffrax.SaveAt(ts=ts),
+        adjoint=adjoint,
+        max_steps=N_STEPS,
     )
     return jnp.mean((sol.ys - target) ** 2)
 

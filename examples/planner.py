@@ -25,31 +25,52 @@ from retrograde.schedules import Revolve, revolve_optimum, simulate
 rows = plan(10_000, snapshots=50)
 print(format_table(rows))
 best = rows[0]
-print(f"\nrecommended: {best.name}: {best.plain:,} plain + {best.recorded:,} recorded evaluations, "
-      f"{best.overhead:.2f}x the cost of storing every state")
+print(
+    f"\nrecommended: {best.name}: {best.plain:,} plain + {best.recorded:,} recorded evaluations, "
+    f"{best.overhead:.2f}x the cost of storing every state"
+)
 
 # 2. A budget in bytes, with a disk level: the planner turns sizes into slots.
-rows = plan(10_000, memory="200MiB", state_size="10MiB", disk="20GiB",
-            disk_write_cost=3, disk_read_cost=2)
+rows = plan(
+    10_000, memory="200MiB", state_size="10MiB", disk="20GiB", disk_write_cost=3, disk_read_cost=2
+)
 print()
 print(format_table(rows))
 r = rows[0]
-print(f"\n{r.name}: {r.memory_slots} memory slots ({format_size(r.memory_bytes)}), "
-      f"{r.disk_slots} disk slots, {r.disk_writes} disk writes, {r.disk_reads} disk reads")
+print(
+    f"\n{r.name}: {r.memory_slots} memory slots ({format_size(r.memory_bytes)}), "
+    f"{r.disk_slots} disk slots, {r.disk_writes} disk writes, {r.disk_reads} disk reads"
+)
 
 # 3. The schedule object is what the loops take: retrograde.scan(..., schedule=rows[0].schedule)
 #    or retrograde.host.value_and_grad(..., schedule=...). simulate() proves and counts it.
 stats = simulate(Revolve(50), 10_000)
-print(f"\nsimulate(Revolve(50), 10000): plain {stats.plain:,} = revolve_optimum "
-      f"{revolve_optimum(10_000, 50):,}; peak slots {stats.peak_slots}")
+print(
+    f"\nsimulate(Revolve(50), 10000): plain {stats.plain:,} = revolve_optimum "
+    f"{revolve_optimum(10_000, 50):,}; peak slots {stats.peak_slots}"
+)
 
 # 4. A picture of a schedule (steps on one axis, time on the other).
 fig, st = plot_schedule(Revolve(5), 40, "planner_schedule.png")
 print(f"wrote planner_schedule.png: Revolve(5) for N = 40, {st.plain} plain evaluations")
 
 # 5. The command line (the same table, as text).
-out = subprocess.run([sys.executable, "-m", "retrograde", "plan", "--steps", "10000",
-                      "--memory", "2GiB", "--state-size", "10MiB"],
-                     capture_output=True, text=True, check=True).stdout
+out = subprocess.run(
+    [
+        sys.executable,
+        "-m",
+        "retrograde",
+        "plan",
+        "--steps",
+        "10000",
+        "--memory",
+        "2GiB",
+        "--state-size",
+        "10MiB",
+    ],
+    capture_output=True,
+    text=True,
+    check=True,
+).stdout
 print("\n$ python -m retrograde plan --steps 10000 --memory 2GiB --state-size 10MiB")
 print(out)

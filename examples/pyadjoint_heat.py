@@ -31,7 +31,7 @@ import retrograde.pyadjoint as rp
 from retrograde.schedules import Revolve, simulate
 
 sys.path.insert(0, os.path.dirname(__file__))
-from pyadjoint_vec import Vec, evolve, inner, matvec  # noqa: E402
+from pyadjoint_vec import Vec, evolve, inner, matvec
 
 K, N, DT, D = 24, 50, 5e-4, 5
 H_R, H_U = 100.0, 1.0  # Taylor test directions (pyadjoint perturbs by 0.01 h ... 0.00125 h)
@@ -47,8 +47,12 @@ def df(u, v, lag, r):
 
 
 def d2f(u, v, lag, r):
-    return [[0, 0, -DT * r, DT * (1 - lag)], [0, 0, 0, 0],
-            [-DT * r, 0, 0, -DT * u], [DT * (1 - lag), 0, -DT * u, 0]]
+    return [
+        [0, 0, -DT * r, DT * (1 - lag)],
+        [0, 0, 0, 0],
+        [-DT * r, 0, 0, -DT * u],
+        [DT * (1 - lag), 0, -DT * u, 0],
+    ]
 
 
 def heat(u0: Vec, r, tape=None):
@@ -59,7 +63,7 @@ def heat(u0: Vec, r, tape=None):
     for w in ring:
         w.assign(u0)  # the history before t = 0
     J = 0.0
-    for n in (range(N) if tape is None else tape.timestepper(iter(range(N)))):
+    for n in range(N) if tape is None else tape.timestepper(iter(range(N))):
         ring[n % (D + 1)].assign(u)  # u_n, read again at step n + d
         lag = ring[(n + 1) % (D + 1)]  # u_{n-d}
         matvec(v, A, u)
@@ -86,8 +90,10 @@ def main() -> int:
         u0, r = Vec(0.5 + 0.4 * np.sin(np.pi * x)), pa.AdjFloat(40.0)
         J = heat(u0, r, tape)
         rf = pa.ReducedFunctional(J, pa.Control(r))
-        print(f"{len(tape.get_blocks())} blocks in {N} steps, delay {D} steps; "
-              f"J(r = 40) = {float(J):.10f}")
+        print(
+            f"{len(tape.get_blocks())} blocks in {N} steps, delay {D} steps; "
+            f"J(r = 40) = {float(J):.10f}"
+        )
 
         r1 = 55.0  # a new control: the tape is re-evaluated, then differentiated
         before = (manager.counts.steps, manager.counts.recorded)
@@ -99,8 +105,10 @@ def main() -> int:
             h = 1e-4
             fd = (float(heat(u0, r1 + h)) - float(heat(u0, r1 - h))) / (2 * h)
         err = abs(g - fd) / abs(fd)
-        print(f"J(r = {r1}) = {J1:.10f}; dJ/dr = {g:.10f}, central differences {fd:.10f}: "
-              f"relative error {err:.1e} ({'ok' if err < 1e-6 else 'WRONG'})")
+        print(
+            f"J(r = {r1}) = {J1:.10f}; dJ/dr = {g:.10f}, central differences {fd:.10f}: "
+            f"relative error {err:.1e} ({'ok' if err < 1e-6 else 'WRONG'})"
+        )
 
         rate = taylor2(rf, pa.AdjFloat(r1), pa.AdjFloat(H_R))
         print(f"Taylor test in r, second order: rate {rate:.2f} (expected ~3)")
@@ -111,10 +119,12 @@ def main() -> int:
         print(f"Taylor test in u_0, second order: rate {rate0:.2f} (expected ~3)")
 
     stats = simulate(Revolve(4), N)
-    print(f"steps recomputed by rf(r): {mid[0] - before[0]} (one forward sweep); "
-          f"by rf.derivative(): "
-          f"{after[0] - mid[0]} plain + {after[1] - mid[1]} recorded (simulate(Revolve(4), {N}): "
-          f"{stats.plain - (N - 1)} + {stats.recorded}); in all: {manager.counts}")
+    print(
+        f"steps recomputed by rf(r): {mid[0] - before[0]} (one forward sweep); "
+        f"by rf.derivative(): "
+        f"{after[0] - mid[0]} plain + {after[1] - mid[1]} recorded (simulate(Revolve(4), {N}): "
+        f"{stats.plain - (N - 1)} + {stats.recorded}); in all: {manager.counts}"
+    )
     return 0 if err < 1e-6 and min(rate, rate0) > 2.8 else 1
 
 

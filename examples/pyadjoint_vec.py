@@ -31,11 +31,18 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from pyadjoint import AdjFloat, Block, OverloadedType, annotate_tape, get_working_tape
-
 from pyadjoint.tape import TapePackageData, stop_annotating
 
-__all__ = ["Vec", "evolve", "inner", "matvec", "DiskPackage", "DelegatedCheckpoint",
-           "FileCheckpoint", "RECOMPUTES"]
+__all__ = [
+    "Vec",
+    "evolve",
+    "inner",
+    "matvec",
+    "DiskPackage",
+    "DelegatedCheckpoint",
+    "FileCheckpoint",
+    "RECOMPUTES",
+]
 
 #: Block recomputations by block class name (tests count them).
 RECOMPUTES: dict[str, int] = {}
@@ -64,7 +71,6 @@ class FileCheckpoint:
 
     def restore(self) -> Vec:
         return Vec(np.load(self.path))
-
 
 
 class Vec(OverloadedType):
@@ -136,7 +142,7 @@ class Vec(OverloadedType):
     @staticmethod
     def _ad_assign_numpy(dst, src, offset):
         n = dst.data.size
-        dst.data[...] = np.asarray(src[offset:offset + n]).reshape(dst.data.shape)
+        dst.data[...] = np.asarray(src[offset : offset + n]).reshape(dst.data.shape)
         return dst, offset + n
 
     @staticmethod
@@ -196,8 +202,16 @@ class EvolveBlock(Block):
             total = total + p * _tangent_array(t)
         return Vec(np.broadcast_to(total, block_variable.output.data.shape))
 
-    def evaluate_hessian_component(self, inputs, hessian_inputs, adj_inputs, block_variable, idx,
-                                   relevant_dependencies, prepared=None):
+    def evaluate_hessian_component(
+        self,
+        inputs,
+        hessian_inputs,
+        adj_inputs,
+        block_variable,
+        idx,
+        relevant_dependencies,
+        prepared=None,
+    ):
         xs = [_value(x) for x in inputs]
         parts = self._partials(xs)
         second = self.d2f(*xs)
@@ -227,8 +241,16 @@ class AssignBlock(Block):
     def evaluate_tlm_component(self, inputs, tlm_inputs, block_variable, idx, prepared=None):
         return None if tlm_inputs[0] is None else Vec(tlm_inputs[0].data)
 
-    def evaluate_hessian_component(self, inputs, hessian_inputs, adj_inputs, block_variable, idx,
-                                   relevant_dependencies, prepared=None):
+    def evaluate_hessian_component(
+        self,
+        inputs,
+        hessian_inputs,
+        adj_inputs,
+        block_variable,
+        idx,
+        relevant_dependencies,
+        prepared=None,
+    ):
         return Vec(hessian_inputs[0].data)
 
 
@@ -255,8 +277,16 @@ class InnerBlock(Block):
                 total += self.weight * float(np.dot(tlm_inputs[k].data, inputs[1 - k].data))
         return AdjFloat(total)
 
-    def evaluate_hessian_component(self, inputs, hessian_inputs, adj_inputs, block_variable, idx,
-                                   relevant_dependencies, prepared=None):
+    def evaluate_hessian_component(
+        self,
+        inputs,
+        hessian_inputs,
+        adj_inputs,
+        block_variable,
+        idx,
+        relevant_dependencies,
+        prepared=None,
+    ):
         other = self.get_dependencies()[1 - idx]
         h = self.weight * float(hessian_inputs[0]) * inputs[1 - idx].data
         if other.tlm_value is not None:
@@ -264,8 +294,9 @@ class InnerBlock(Block):
         return Vec(h)
 
 
-def evolve(out: Vec, f: Callable, df: Callable, d2f: Callable, deps: Sequence,
-           uses_output: bool = False) -> Vec:
+def evolve(
+    out: Vec, f: Callable, df: Callable, d2f: Callable, deps: Sequence, uses_output: bool = False
+) -> Vec:
     """``out <- f(*deps)`` in place, taped as one block (``deps`` may include ``out``).
 
     ``f(*xs)`` returns the new array; ``df(*xs)`` its partials (one per dep, arrays or scalars;
@@ -346,8 +377,16 @@ class MatVecBlock(Block):
     def evaluate_tlm_component(self, inputs, tlm_inputs, block_variable, idx, prepared=None):
         return None if tlm_inputs[0] is None else Vec(self.A @ tlm_inputs[0].data)
 
-    def evaluate_hessian_component(self, inputs, hessian_inputs, adj_inputs, block_variable, idx,
-                                   relevant_dependencies, prepared=None):
+    def evaluate_hessian_component(
+        self,
+        inputs,
+        hessian_inputs,
+        adj_inputs,
+        block_variable,
+        idx,
+        relevant_dependencies,
+        prepared=None,
+    ):
         return Vec(self.A.T @ hessian_inputs[0].data)
 
 

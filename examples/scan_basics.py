@@ -34,7 +34,8 @@ theta = 1.2
 u0 = jnp.linspace(-1.0, 1.0, C)
 xs = jnp.sin(jnp.linspace(0.0, 20.0, N))
 
-# 1. Same value as lax.scan; the default schedule is Revolve(~sqrt(2N)) (retrograde.default_schedule).
+# 1. Same value as lax.scan; the default schedule is Revolve(~sqrt(2N))
+#    (retrograde.default_schedule).
 print("default schedule for N = 2000:", retrograde.default_schedule(N))
 v_lax = simulate_loop(theta, u0, xs, scan=jax.lax.scan)
 v_ret = simulate_loop(theta, u0, xs)
@@ -42,7 +43,8 @@ print(f"value: lax.scan {float(v_lax):.12f}, retrograde.scan {float(v_ret):.12f}
 
 # 2. Gradients: every schedule gives lax.scan's gradient (to rounding).
 g_lax = jax.jit(jax.grad(simulate_loop, argnums=(0, 1)), static_argnames="scan")(
-    theta, u0, xs, scan=jax.lax.scan)
+    theta, u0, xs, scan=jax.lax.scan
+)
 for schedule in [Revolve(10), Periodic(50), StoreAll(), RecomputeAll()]:
     if isinstance(schedule, RecomputeAll):  # O(N^2) evaluations: use a short loop to show it
         n = 200
@@ -55,11 +57,15 @@ for schedule in [Revolve(10), Periodic(50), StoreAll(), RecomputeAll()]:
         return jax.grad(simulate_loop, argnums=(0, 1))(theta, u0, xs, schedule=schedule)
 
     g = grad(theta, u0, xs[:n])
-    err = max(abs(float(g[0] - ref[0])) / abs(float(ref[0])),
-              float(jnp.max(jnp.abs(g[1] - ref[1])) / jnp.max(jnp.abs(ref[1]))))
+    err = max(
+        abs(float(g[0] - ref[0])) / abs(float(ref[0])),
+        float(jnp.max(jnp.abs(g[1] - ref[1])) / jnp.max(jnp.abs(ref[1]))),
+    )
     st = simulate(schedule, n)
-    print(f"  {str(schedule):<34} N={n:<5} slots {st.peak_slots[0]:>5}, "
-          f"evaluations {st.plain + st.recorded:>7,}, rel. error vs lax.scan {err:.1e}")
+    print(
+        f"  {schedule!s:<34} N={n:<5} slots {st.peak_slots[0]:>5}, "
+        f"evaluations {st.plain + st.recorded:>7,}, rel. error vs lax.scan {err:.1e}"
+    )
 
 # 3. Forward mode and batching compose with the checkpointed loop.
 sched = Revolve(10)
@@ -69,6 +75,7 @@ thetas = jnp.array([0.8, 1.0, 1.2])
 batched = jax.vmap(jax.grad(lambda th: simulate_loop(th, u0, xs, schedule=sched)))(thetas)
 print("vmap over 3 thetas of the gradient:", [f"{float(b):.6f}" for b in batched])
 
+
 # 4. Memory: XLA's temporary buffers of the compiled gradient.
 def temp_mib(f, *args):
     return jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes / 2**20
@@ -76,10 +83,13 @@ def temp_mib(f, *args):
 
 m_lax = temp_mib(jax.grad(lambda th: simulate_loop(th, u0, xs, scan=jax.lax.scan)), theta)
 m_ret = temp_mib(jax.grad(lambda th: simulate_loop(th, u0, xs, schedule=sched)), theta)
-print(f"gradient temp memory: lax.scan {m_lax:.2f} MiB, retrograde.scan {sched} {m_ret:.2f} MiB "
-      f"({m_lax / m_ret:.0f}x less)")
+print(
+    f"gradient temp memory: lax.scan {m_lax:.2f} MiB, retrograde.scan {sched} {m_ret:.2f} MiB "
+    f"({m_lax / m_ret:.0f}x less)"
+)
 
 # fori_loop works the same way: retrograde.fori_loop(0, N, body, init, schedule=...).
-u_end = retrograde.fori_loop(0, 100, lambda i, u: u * 0.99 + 0.01 * jnp.sin(i), u0[:3],
-                             schedule=Revolve(4))
+u_end = retrograde.fori_loop(
+    0, 100, lambda i, u: u * 0.99 + 0.01 * jnp.sin(i), u0[:3], schedule=Revolve(4)
+)
 print("retrograde.fori_loop result:", u_end)

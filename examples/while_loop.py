@@ -51,10 +51,20 @@ def integrate(params, y0, schedule=Online(8)):
         h = h * jnp.clip(0.9 * jnp.sqrt(TOL / err), 0.2, 5.0)
         return t, h, y, n, it + 1, trace
 
-    init = (jnp.float64(0.0), jnp.float64(0.01), y0, jnp.int32(0), jnp.int32(0),
-            jnp.zeros(MAX_STEPS))
-    t, h, y, n, it, trace = retrograde.while_loop(
-        cond, body, init, schedule=schedule, max_steps=MAX_STEPS,
+    init = (
+        jnp.float64(0.0),
+        jnp.float64(0.01),
+        y0,
+        jnp.int32(0),
+        jnp.int32(0),
+        jnp.zeros(MAX_STEPS),
+    )
+    _t, _h, y, n, it, trace = retrograde.while_loop(
+        cond,
+        body,
+        init,
+        schedule=schedule,
+        max_steps=MAX_STEPS,
         buffers=lambda val: val[5],  # the trace is stored once, not in every snapshot
     )
     return y, (n, it), trace
@@ -70,14 +80,18 @@ y0 = jnp.array([1.0, 0.0])
 
 y, (accepted, n), _ = jax.jit(integrate)(params, y0)
 n = int(n)
-print(f"adaptive integration to t = {T}: {n} loop iterations ({int(accepted)} accepted steps); "
-      "the count depends on the params")
+print(
+    f"adaptive integration to t = {T}: {n} loop iterations ({int(accepted)} accepted steps); "
+    "the count depends on the params"
+)
 
 # First order, against central finite differences (the step count is locally constant).
 g = jax.jit(jax.grad(loss))(params, y0)
 eps, loss_jit = 1e-6, jax.jit(loss)
-fd = [(loss_jit(params.at[i].add(eps), y0) - loss_jit(params.at[i].add(-eps), y0)) / (2 * eps)
-      for i in range(2)]
+fd = [
+    (loss_jit(params.at[i].add(eps), y0) - loss_jit(params.at[i].add(-eps), y0)) / (2 * eps)
+    for i in range(2)
+]
 print(f"grad  d loss/d(k, c) = {g}   finite differences {jnp.array(fd)}")
 
 # Second order: the full Hessian (forward over reverse), and a gradient of a gradient.
@@ -88,12 +102,16 @@ print("hessian d2 loss/d(k, c)^2 =\n", H)
 # The schedule: Online(s) keeps s snapshots; its cost for the N actually taken.
 for s in (4, 8, 32):
     st = simulate(Online(s), n)
-    print(f"  Online({s:>2}) for N = {n}: {st.peak_slots[0]} slots, "
-          f"{st.plain + st.recorded:,} step evaluations ({(st.plain + st.recorded) / (2 * n):.2f}x "
-          "storing every state)")
+    print(
+        f"  Online({s:>2}) for N = {n}: {st.peak_slots[0]} slots, "
+        f"{st.plain + st.recorded:,} step evaluations ({(st.plain + st.recorded) / (2 * n):.2f}x "
+        "storing every state)"
+    )
 
 # Memory is set by the schedule and max_steps' buffer, not by the steps taken (which are unknown
 # when compiling): the compiled gradient's temporary buffers.
 mem = jax.jit(jax.grad(loss)).lower(params, y0).compile().memory_analysis().temp_size_in_bytes
-print(f"gradient temp memory with Online(8): {mem / 1024:.1f} KiB, for any number of steps "
-      f"(the {MAX_STEPS}-entry trace buffer alone is {MAX_STEPS * 8 // 1024} KiB)")
+print(
+    f"gradient temp memory with Online(8): {mem / 1024:.1f} KiB, for any number of steps "
+    f"(the {MAX_STEPS}-entry trace buffer alone is {MAX_STEPS * 8 // 1024} KiB)"
+)

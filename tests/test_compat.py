@@ -58,21 +58,44 @@ def _run_suite(tmp_path, substitute, schedule="default"):
     (tmp_path / "test_suite.py").write_text(SUITE)
     report = tmp_path / f"{substitute}.jsonl"
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "compat"), str(ROOT / "src"),
-                                         *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "compat"), str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])]
+    )
     proc = subprocess.run(
-        [sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-         "retrograde_compat", f"--retrograde-substitute={substitute}",
-         f"--retrograde-schedule={schedule}", f"--retrograde-report={report}",
-         "test_suite.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-P",
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "retrograde_compat",
+            f"--retrograde-substitute={substitute}",
+            f"--retrograde-schedule={schedule}",
+            f"--retrograde-report={report}",
+            "test_suite.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
     records = [json.loads(line) for line in report.read_text().splitlines()]
-    return {r["nodeid"].split("::")[-1]: (r["outcome"], r["exercised"])
-            for r in records if r["when"] == "call"}
+    return {
+        r["nodeid"].split("::")[-1]: (r["outcome"], r["exercised"])
+        for r in records
+        if r["when"] == "call"
+    }
 
 
-@pytest.mark.parametrize("substitute,schedule", [("scan", "revolve2"), ("while_loop", "online2"),
-                                                 ("fori_loop", "storeall")])
+@pytest.mark.parametrize(
+    "substitute,schedule",
+    [("scan", "revolve2"), ("while_loop", "online2"), ("fori_loop", "storeall")],
+)
 def test_lax_substitution(tmp_path, substitute, schedule):
     """``jax.lax.<loop>`` is retrograde's in the test module (module-level tables included) and
     only there: retrograde's own loops, which run ``lax.while_loop``, do not recurse. (The
@@ -97,10 +120,17 @@ def test_exceptions_table():
     """Every row of docs/drop-in.md's table has a run, a test pattern and a reason."""
     rows = compat_run.parse_exceptions()
     assert all(run and test and reason for run, test, reason in rows)
-    assert compat_run.listed_reason([("jax/*", "*::testScan*", "why")], "jax/scan/default",
-                                    "tests/x.py::T::testScanJaxpr[1]") == "why"
-    assert compat_run.listed_reason([("diffrax", "*::a", "why")], "jax/scan/default",
-                                    "t::a") is None
+    assert (
+        compat_run.listed_reason(
+            [("jax/*", "*::testScan*", "why")],
+            "jax/scan/default",
+            "tests/x.py::T::testScanJaxpr[1]",
+        )
+        == "why"
+    )
+    assert (
+        compat_run.listed_reason([("diffrax", "*::a", "why")], "jax/scan/default", "t::a") is None
+    )
 
 
 CRASHING = textwrap.dedent("""
@@ -122,8 +152,10 @@ def test_crash_is_recorded_and_the_file_resumed(tmp_path, monkeypatch):
     the tests after it still run, in a new process."""
     (tmp_path / "test_crashing.py").write_text(CRASHING)
     run = compat_run.Run("jax", "scan", "default", tmp_path, ["test_crashing.py"])
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv(
+        "PYTHONPATH",
+        os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    )
     compat_run.execute(run, argparse.Namespace(timeout=300, pytest_args=[]), tmp_path)
     calls = {r["nodeid"].split("::")[-1]: r for r in run.records if r["when"] == "call"}
     assert calls["test_before"]["outcome"] == "passed"

@@ -31,7 +31,8 @@ def test_every_example_is_collected():
     files = _examples()
     assert len(files) > 20
     missed = [
-        str(f.relative_to(ROOT)) for f in files
+        str(f.relative_to(ROOT))
+        for f in files
         if not any(f.is_relative_to(p) for p in testpaths)
         or any(f.is_relative_to(p) for p in ignored)
         or f.name in ("__main__.py", "setup.py")

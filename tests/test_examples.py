@@ -25,7 +25,11 @@ def test_example_runs(name, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_ENABLE_X64")}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples" / name)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
     )
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     assert proc.stdout.strip(), f"{name} printed nothing"

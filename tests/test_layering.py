@@ -25,8 +25,13 @@ JAX = ("jax", "jaxlib")
 
 #: layer -> modules (and their submodules) it must not import, directly or not.
 FORBIDDEN = {
-    "retrograde.schedules": (*JAX, "retrograde.loops", "retrograde.host", "retrograde._store",
-                             *ADAPTERS),
+    "retrograde.schedules": (
+        *JAX,
+        "retrograde.loops",
+        "retrograde.host",
+        "retrograde._store",
+        *ADAPTERS,
+    ),
     "retrograde._store": (*JAX, "retrograde.loops", "retrograde.host", *ADAPTERS),
     "retrograde.loops": ("retrograde.host", *ADAPTERS),
     "retrograde.host": ("retrograde.loops", *ADAPTERS),
@@ -49,8 +54,9 @@ def test_importing_a_layer_imports_nothing_above_or_beside_it(layer):
         print("\\n".join(sorted(sys.modules)))
         """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert _hits(out.stdout.split(), FORBIDDEN[layer]) == []
 
@@ -92,8 +98,9 @@ def test_no_import_statement_crosses_the_layers():
     bad = []
     for path in _sources():
         module = _module_name(path)
-        rules = [f for layer, f in FORBIDDEN.items() if module == layer
-                 or module.startswith(layer + ".")]
+        rules = [
+            f for layer, f in FORBIDDEN.items() if module == layer or module.startswith(layer + ".")
+        ]
         for target, names in _imports(path):
             # "from . import x" imports the submodule x: check it as a module too
             targets = [target] + [f"{target}.{n}" for n in names]
@@ -115,17 +122,24 @@ def test_no_private_name_is_imported_across_modules():
             if not target.startswith("retrograde"):
                 continue
             for name in names:
-                if (name.startswith("_") and not name.startswith("__")
-                        and not _is_module(f"{target}.{name}")):
+                if (
+                    name.startswith("_")
+                    and not name.startswith("__")
+                    and not _is_module(f"{target}.{name}")
+                ):
                     found.add((module, target, name))
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.level:
                 for alias in node.names:
                     aliases[alias.asname or alias.name] = alias.name
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                    and node.value.id in aliases and node.attr.startswith("_")
-                    and not node.attr.startswith("__")):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
                 owner = aliases[node.value.id]
                 target = module.rpartition(".")[0] + "." + owner
                 if _is_module(target):
@@ -136,6 +150,9 @@ def test_no_private_name_is_imported_across_modules():
 def test_jax_internals_live_in_one_module():
     """Every ``jax._src`` import is in ``retrograde/_jax_private.py`` (issue #32): the surface
     an upgrade of JAX has to check."""
-    users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
-                   if "jax._src" in p.read_text(encoding="utf-8"))
+    users = sorted(
+        str(p.relative_to(SRC))
+        for p in SRC.rglob("*.py")
+        if "jax._src" in p.read_text(encoding="utf-8")
+    )
     assert users == ["_jax_private.py"]

@@ -29,9 +29,18 @@ from retrograde.schedules import Periodic, Revolve, ScheduleError, StoreAll, sim
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("2GiB", 2 * 2**30), ("500MB", 500 * 10**6), ("10MiB", 10 * 2**20), ("1e9", 10**9),
-        ("4096", 4096), ("1.5 KiB", 1536), ("2gib", 2 * 2**30), ("3kB", 3000), ("7B", 7),
-        ("1TiB", 2**40), (4096, 4096), (1e3, 1000),
+        ("2GiB", 2 * 2**30),
+        ("500MB", 500 * 10**6),
+        ("10MiB", 10 * 2**20),
+        ("1e9", 10**9),
+        ("4096", 4096),
+        ("1.5 KiB", 1536),
+        ("2gib", 2 * 2**30),
+        ("3kB", 3000),
+        ("7B", 7),
+        ("1TiB", 2**40),
+        (4096, 4096),
+        (1e3, 1000),
     ],
 )
 def test_parse_size(text, expected):
@@ -118,8 +127,9 @@ def test_plan_rows_agree_with_the_simulator():
 @pytest.mark.parametrize("disk", ["8MiB", "64MiB", "1GiB"])
 def test_plan_disk_rows_fit_and_agree(disk):
     n = 400
-    rows = plan(n, snapshots=6, state_size="1MiB", disk=disk, disk_write_cost=1.0,
-                disk_read_cost=1.0)
+    rows = plan(
+        n, snapshots=6, state_size="1MiB", disk=disk, disk_write_cost=1.0, disk_read_cost=1.0
+    )
     budget = parse_size(disk) // 2**20
     multi = [r for r in rows if r.name.startswith("MultiLevel")]
     assert len(multi) == 1
@@ -227,8 +237,21 @@ def test_cli_store_all_recommended(capsys):
 
 
 def test_cli_disk(capsys):
-    argv = ["plan", "--steps", "500", "--memory", "100MiB", "--state-size", "10MiB",
-            "--disk", "1GiB", "--disk-write-cost", "0.5", "--disk-read-cost", "0.5"]
+    argv = [
+        "plan",
+        "--steps",
+        "500",
+        "--memory",
+        "100MiB",
+        "--state-size",
+        "10MiB",
+        "--disk",
+        "1GiB",
+        "--disk-write-cost",
+        "0.5",
+        "--disk-read-cost",
+        "0.5",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "102 disk slots" in out
@@ -248,8 +271,17 @@ def test_cli_plot(tmp_path, capsys):
 
 def test_cli_plot_chosen_schedule(tmp_path, capsys):
     path = tmp_path / "periodic.svg"
-    argv = ["plan", "--steps", "100", "--snapshots", "30", "--plot", str(path),
-            "--schedule", "periodic"]
+    argv = [
+        "plan",
+        "--steps",
+        "100",
+        "--snapshots",
+        "30",
+        "--plot",
+        str(path),
+        "--schedule",
+        "periodic",
+    ]
     assert main(argv) == 0
     assert path.stat().st_size > 1000
     assert "Drew Periodic(" in capsys.readouterr().out
@@ -266,15 +298,15 @@ BAD = [
     (["plan", "--steps", "100", "--memory", "2GiB"], "--state-size"),
     (["plan", "--steps", "100", "--memory", "2XB", "--state-size", "1MiB"], "--memory"),
     (["plan", "--steps", "100", "--memory", "1MiB", "--state-size", "2MiB"], "--memory"),
-    (["plan", "--steps", "100", "-s", "3", "--memory", "1GiB", "--state-size", "1MiB"],
-     "--memory"),
+    (["plan", "--steps", "100", "-s", "3", "--memory", "1GiB", "--state-size", "1MiB"], "--memory"),
     (["plan", "--steps", "100", "-s", "3", "--disk", "1GiB"], "--disk"),
     (["plan", "--steps", "100", "-s", "3", "--disk-read-cost", "-2"], "--disk-read-cost"),
     (["plan", "--steps", "100", "-s", "3", "--schedule", "revolve"], "--plot"),
-    (["plan", "--steps", "100", "-s", "3", "--plot", "x.png", "--schedule", "magic"],
-     "--schedule"),
-    (["plan", "--steps", "100", "-s", "3", "--plot", "x.png", "--schedule", "storeall"],
-     "--schedule"),
+    (["plan", "--steps", "100", "-s", "3", "--plot", "x.png", "--schedule", "magic"], "--schedule"),
+    (
+        ["plan", "--steps", "100", "-s", "3", "--plot", "x.png", "--schedule", "storeall"],
+        "--schedule",
+    ),
     (["plan", "--steps", "1e8", "-s", "3", "--plot", "x.png"], "--plot"),
     ([], "COMMAND"),
     (["frobnicate"], "invalid choice"),
@@ -297,7 +329,9 @@ def test_cli_bad_flags(argv, flag, capsys, tmp_path, monkeypatch):
 def test_python_dash_m_entry_point():
     result = subprocess.run(
         [sys.executable, "-m", "retrograde", "plan", "--steps", "100", "--snapshots", "5"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     assert "Revolve(5)" in result.stdout and "316" in result.stdout
@@ -319,7 +353,7 @@ def test_plot_schedule_api(tmp_path):
 
 def test_plot_large_n_uses_segments(tmp_path):
     # Long schedules draw fast because the advances are one LineCollection.
-    fig, stats = plot_schedule(Revolve(10), 2500, tmp_path / "big.png")
+    fig, _stats = plot_schedule(Revolve(10), 2500, tmp_path / "big.png")
     ax = fig.axes[0]
     assert len(ax.collections) >= 1
     assert len(ax.lines) <= 3  # recorded line plus one store series per level
@@ -350,7 +384,8 @@ def test_planner_does_not_import_jax():
         "from retrograde.__main__ import main\n"
         "main(['plan', '--steps', '100', '--snapshots', '5'])\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert "Revolve(5)" in result.stdout

@@ -19,8 +19,11 @@ def _states(n, size=64):
 
 @pytest.mark.parametrize("spec", ["memory", "named", "unnamed"])
 def test_put_get_free_and_sharing(spec, tmp_path):
-    store = {"memory": lambda: Memory(), "named": lambda: Disk(tmp_path),
-             "unnamed": lambda: Disk(tmp_path, unnamed=True)}[spec]().open("level 1 (test)")
+    store = {
+        "memory": lambda: Memory(),
+        "named": lambda: Disk(tmp_path),
+        "unnamed": lambda: Disk(tmp_path, unnamed=True),
+    }[spec]().open("level 1 (test)")
     snaps = [store.put(k, s) for k, s in enumerate(_states(4))]
     assert store.writes == 4 and store.shared_leaves == 3
     assert store.nbytes == (4 + 1) * 64 * 8

@@ -22,7 +22,7 @@ def _rows():
 def test_every_twin_has_a_test_that_exists():
     rows = _rows()
     assert len(rows) >= 8
-    for idea, reference, twin, why, tests in rows:
+    for idea, _reference, _twin, _why, tests in rows:
         named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", tests)
         assert named, idea
         for path, name in named:
@@ -33,11 +33,11 @@ def test_every_twin_has_a_test_that_exists():
 def test_every_named_module_defines_its_names():
     for idea, reference, twin, *_ in _rows():
         for cell in (reference, twin):
-            modules = re.findall(r"`((?:schedules|loops)/\w+\.py)`(?:: ((?:`\w+`(?:, )?)+))?",
-                                 cell)
+            modules = re.findall(r"`((?:schedules|loops)/\w+\.py)`(?:: ((?:`\w+`(?:, )?)+))?", cell)
             assert modules, (idea, cell)
             for module, names in modules:
                 source = (SRC / module).read_text()
                 for name in re.findall(r"`(\w+)`", names):
                     assert re.search(rf"^(?:def|class) {name}\b|^{name} = ", source, re.M), (
-                        f"{module} does not define {name} ({idea})")
+                        f"{module} does not define {name} ({idea})"
+                    )

@@ -93,32 +93,86 @@ def build_parser() -> argparse.ArgumentParser:
             "state. Sizes: 2GiB, 500MB, 10MiB, 1e9 (bytes)."
         ),
     )
-    p.add_argument("--steps", "-n", type=_steps, required=True, metavar="N",
-                   help="number of time steps N (e.g. 10000 or 1e6)")
-    p.add_argument("--snapshots", "-s", type=_positive_int, metavar="S",
-                   help="snapshot slots in memory, the initial state's included")
-    p.add_argument("--memory", type=_size, metavar="SIZE",
-                   help="memory budget for snapshots (needs --state-size); slots = memory // state size")
-    p.add_argument("--state-size", type=_size, metavar="SIZE",
-                   help="bytes of one stored state (the loop carry)")
-    p.add_argument("--disk", type=_size, metavar="SIZE",
-                   help="disk budget for a memory-plus-disk schedule (needs --state-size)")
-    p.add_argument("--disk-write-cost", type=_cost, default=2.0, metavar="STEPS",
-                   help="cost of writing one state to disk, in step evaluations (default 2)")
-    p.add_argument("--disk-read-cost", type=_cost, default=2.0, metavar="STEPS",
-                   help="cost of reading one state from disk, in step evaluations (default 2)")
-    p.add_argument("--host-memory", type=_size, metavar="SIZE",
-                   help="host-RAM budget for the compiled JAX loops (needs --state-size); "
-                        "--memory is then device memory")
-    p.add_argument("--host-write-cost", type=_cost, default=0.5, metavar="STEPS",
-                   help="cost of moving one state to host RAM, in step evaluations (default 0.5;"
-                        " measure it with 'retrograde calibrate')")
-    p.add_argument("--host-read-cost", type=_cost, default=0.5, metavar="STEPS",
-                   help="cost of moving one state back from host RAM (default 0.5)")
-    p.add_argument("--plot", metavar="FILE",
-                   help="draw the chosen schedule, step versus time, into FILE (.png, .svg, .pdf)")
-    p.add_argument("--schedule", choices=_SCHEDULE_CHOICES, type=str.lower,
-                   help="the schedule to draw with --plot (default: the recommended one)")
+    p.add_argument(
+        "--steps",
+        "-n",
+        type=_steps,
+        required=True,
+        metavar="N",
+        help="number of time steps N (e.g. 10000 or 1e6)",
+    )
+    p.add_argument(
+        "--snapshots",
+        "-s",
+        type=_positive_int,
+        metavar="S",
+        help="snapshot slots in memory, the initial state's included",
+    )
+    p.add_argument(
+        "--memory",
+        type=_size,
+        metavar="SIZE",
+        help="memory budget for snapshots (needs --state-size); slots = memory // state size",
+    )
+    p.add_argument(
+        "--state-size",
+        type=_size,
+        metavar="SIZE",
+        help="bytes of one stored state (the loop carry)",
+    )
+    p.add_argument(
+        "--disk",
+        type=_size,
+        metavar="SIZE",
+        help="disk budget for a memory-plus-disk schedule (needs --state-size)",
+    )
+    p.add_argument(
+        "--disk-write-cost",
+        type=_cost,
+        default=2.0,
+        metavar="STEPS",
+        help="cost of writing one state to disk, in step evaluations (default 2)",
+    )
+    p.add_argument(
+        "--disk-read-cost",
+        type=_cost,
+        default=2.0,
+        metavar="STEPS",
+        help="cost of reading one state from disk, in step evaluations (default 2)",
+    )
+    p.add_argument(
+        "--host-memory",
+        type=_size,
+        metavar="SIZE",
+        help="host-RAM budget for the compiled JAX loops (needs --state-size); "
+        "--memory is then device memory",
+    )
+    p.add_argument(
+        "--host-write-cost",
+        type=_cost,
+        default=0.5,
+        metavar="STEPS",
+        help="cost of moving one state to host RAM, in step evaluations (default 0.5;"
+        " measure it with 'retrograde calibrate')",
+    )
+    p.add_argument(
+        "--host-read-cost",
+        type=_cost,
+        default=0.5,
+        metavar="STEPS",
+        help="cost of moving one state back from host RAM (default 0.5)",
+    )
+    p.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="draw the chosen schedule, step versus time, into FILE (.png, .svg, .pdf)",
+    )
+    p.add_argument(
+        "--schedule",
+        choices=_SCHEDULE_CHOICES,
+        type=str.lower,
+        help="the schedule to draw with --plot (default: the recommended one)",
+    )
     p.set_defaults(handler=functools.partial(_plan, plan_parser=p))
     k = sub.add_parser(
         "calibrate",
@@ -130,15 +184,32 @@ def build_parser() -> argparse.ArgumentParser:
             "prints the costs in step evaluations for 'retrograde plan'."
         ),
     )
-    k.add_argument("--state-size", type=_size, required=True, metavar="SIZE",
-                   help="bytes of one stored state (the loop carry)")
-    k.add_argument("--repeats", type=_positive_int, default=4, metavar="R",
-                   help="states written and read back per level (default 4)")
-    k.add_argument("--directory", metavar="DIR",
-                   help="where the disk level's temporary file goes (default: the system's "
-                        "temporary directory)")
-    k.add_argument("--step-time", type=float, metavar="SECONDS",
-                   help="seconds per step of your loop, to express the costs in steps")
+    k.add_argument(
+        "--state-size",
+        type=_size,
+        required=True,
+        metavar="SIZE",
+        help="bytes of one stored state (the loop carry)",
+    )
+    k.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=4,
+        metavar="R",
+        help="states written and read back per level (default 4)",
+    )
+    k.add_argument(
+        "--directory",
+        metavar="DIR",
+        help="where the disk level's temporary file goes (default: the system's "
+        "temporary directory)",
+    )
+    k.add_argument(
+        "--step-time",
+        type=float,
+        metavar="SECONDS",
+        help="seconds per step of your loop, to express the costs in steps",
+    )
     k.set_defaults(handler=_calibrate)
     c = sub.add_parser(
         "clean",
@@ -149,9 +220,13 @@ def build_parser() -> argparse.ArgumentParser:
             "processes and of other hosts are kept."
         ),
     )
-    c.add_argument("directories", nargs="*", metavar="DIRECTORY",
-                   help="where the Disk(directory=...) snapshots were (default: the system's "
-                        "temporary directory)")
+    c.add_argument(
+        "directories",
+        nargs="*",
+        metavar="DIRECTORY",
+        help="where the Disk(directory=...) snapshots were (default: the system's "
+        "temporary directory)",
+    )
     c.add_argument("--dry-run", "-n", action="store_true", help="list them; remove nothing")
     c.set_defaults(handler=_clean)
     return parser
@@ -174,21 +249,29 @@ def _calibrate(args: argparse.Namespace) -> int:
     from .planner import format_size
 
     rows = calibrate(args.state_size, repeats=args.repeats, directory=args.directory)
-    print(f"Moving one state of {format_size(args.state_size)} inside a compiled program "
-          f"({args.repeats} writes and reads per level):")
+    print(
+        f"Moving one state of {format_size(args.state_size)} inside a compiled program "
+        f"({args.repeats} writes and reads per level):"
+    )
     for row in rows:
-        line = (f"  {row.storage:<5} write {row.write_seconds * 1e3:9.2f} ms  "
-                f"read {row.read_seconds * 1e3:9.2f} ms")
+        line = (
+            f"  {row.storage:<5} write {row.write_seconds * 1e3:9.2f} ms  "
+            f"read {row.read_seconds * 1e3:9.2f} ms"
+        )
         if args.step_time:
-            line += (f"   = {row.write_seconds / args.step_time:.3g} / "
-                     f"{row.read_seconds / args.step_time:.3g} steps")
+            line += (
+                f"   = {row.write_seconds / args.step_time:.3g} / "
+                f"{row.read_seconds / args.step_time:.3g} steps"
+            )
         print(line)
     if args.step_time:
         host, disk = rows[0], rows[1]
-        print(f"retrograde plan ... --host-write-cost {host.write_seconds / args.step_time:.3g} "
-              f"--host-read-cost {host.read_seconds / args.step_time:.3g} "
-              f"--disk-write-cost {disk.write_seconds / args.step_time:.3g} "
-              f"--disk-read-cost {disk.read_seconds / args.step_time:.3g}")
+        print(
+            f"retrograde plan ... --host-write-cost {host.write_seconds / args.step_time:.3g} "
+            f"--host-read-cost {host.read_seconds / args.step_time:.3g} "
+            f"--disk-write-cost {disk.write_seconds / args.step_time:.3g} "
+            f"--disk-read-cost {disk.read_seconds / args.step_time:.3g}"
+        )
     return 0
 
 

@@ -20,5 +20,15 @@ from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
 from jax._src.lax.lax import _convert_element_type as convert_element_type
 
-__all__ = ["ad", "batching", "callback", "config", "convert_element_type", "core", "dispatch",
-           "effects", "mlir", "pe"]
+__all__ = [
+    "ad",
+    "batching",
+    "callback",
+    "config",
+    "convert_element_type",
+    "core",
+    "dispatch",
+    "effects",
+    "mlir",
+    "pe",
+]

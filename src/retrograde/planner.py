@@ -11,8 +11,8 @@ exactly ``N`` of them. Storing every state costs ``N - 1`` plain plus ``N`` reco
 holds one state; the slot holding the initial state counts.
 
 Pure Python: no JAX is imported. Counts come from closed forms for ``StoreAll``, ``Revolve``,
-``Periodic`` and ``RecomputeAll`` (instant for any ``N``) and from :func:`~retrograde.schedules.simulate`
-for the other schedules.
+``Periodic`` and ``RecomputeAll`` (instant for any ``N``) and from
+:func:`~retrograde.schedules.simulate` for the other schedules.
 
 Example:
     >>> from retrograde.planner import plan
@@ -25,15 +25,39 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from .schedules import (
-    Level, MultiLevel, Online, Periodic, RecomputeAll, Revolve, Schedule, StoreAll,
-    check_snapshots, check_steps, revolve_optimum, simulate,
+    Level,
+    MultiLevel,
+    Online,
+    Periodic,
+    RecomputeAll,
+    Revolve,
+    Schedule,
+    Stats,
+    StoreAll,
+    check_snapshots,
+    check_steps,
+    revolve_optimum,
+    simulate,
 )
 
-__all__ = ["Row", "plan", "plan_with_notes", "parse_size", "format_size", "format_table", "plot_schedule"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "Row",
+    "plan",
+    "plan_with_notes",
+    "parse_size",
+    "format_size",
+    "format_table",
+    "plot_schedule",
+]
 
 #: Largest ``N`` for which ``MultiLevel`` is planned and simulated for the table (seconds).
 MULTILEVEL_LIMIT = 200_000
@@ -101,9 +125,18 @@ class Row:
 # ---------------------------------------------------------------------------------------------
 
 _UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "pb": 10**15,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "pib": 2**50,
 }
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
@@ -237,9 +270,7 @@ def _budget(snapshots, memory, state_size, disk) -> tuple[int, int, int | None]:
     """Resolve the budget into (memory slots, disk slots, state size in bytes or None)."""
     size = None if state_size is None else parse_size(state_size, "state_size")
     if snapshots is not None and memory is not None:
-        raise ValueError(
-            "Give either snapshots=... or memory=... (with state_size=...), not both."
-        )
+        raise ValueError("Give either snapshots=... or memory=... (with state_size=...), not both.")
     if snapshots is not None:
         slots = check_snapshots(snapshots, "snapshots")
     elif memory is not None:
@@ -255,9 +286,7 @@ def _budget(snapshots, memory, state_size, disk) -> tuple[int, int, int | None]:
                 "slot (the initial state) is needed. Raise memory or shrink the state."
             )
     else:
-        raise ValueError(
-            "Give a budget: snapshots=... (slots), or memory=... with state_size=...."
-        )
+        raise ValueError("Give a budget: snapshots=... (slots), or memory=... with state_size=....")
     return slots, _level_slots(disk, "disk", size, state_size), size
 
 
@@ -279,10 +308,12 @@ def _row_from_stats(name, schedule, stats, disk_write_cost, disk_read_cost) -> d
 
 def _multilevel(slots: int, disk_slots: int | None, write: float, read: float) -> MultiLevel:
     """Memory (``slots``) plus disk (``disk_slots``, ``None`` for unlimited)."""
-    return MultiLevel([
-        Level(slots, name="memory"),
-        Level(disk_slots, write_cost=write, read_cost=read, name="disk", storage="disk"),
-    ])
+    return MultiLevel(
+        (
+            Level(slots, name="memory"),
+            Level(disk_slots, write_cost=write, read_cost=read, name="disk", storage="disk"),
+        )
+    )
 
 
 #: Default cost of moving one state to or from host RAM, in step evaluations.
@@ -304,16 +335,21 @@ def _level_slots(budget, name: str, size, state_size) -> int:
     return slots
 
 
-def _offload_row(n: int, slots: int, host_slots: int, host: tuple, disk_slots: int,
-                 disk: tuple) -> dict:
+def _offload_row(
+    n: int,
+    slots: int,
+    host_slots: int,
+    host: tuple[float, float],
+    disk_slots: int,
+    disk: tuple[float, float],
+) -> dict:
     """The ``MultiLevel`` row over a device level, a host level and (with ``disk_slots``) a disk
     level. An unlimited disk is planned first: when its peak fits, it is at least as cheap."""
-    levels = [Level(slots, name="device"),
-              Level(host_slots, *host, name="host", storage="host")]
+    levels = [Level(slots, name="device"), Level(host_slots, *host, name="host", storage="host")]
     best = None
-    for limit in ((None, disk_slots) if disk_slots else (0,)):
+    for limit in (None, disk_slots) if disk_slots else (0,):
         extra = [Level(limit, *disk, name="disk", storage="disk")] if limit != 0 else []
-        schedule = MultiLevel(levels + extra)
+        schedule = MultiLevel((*levels, *extra))
         stats = simulate(schedule, n)
         fits = not extra or stats.peak_slots[2] <= disk_slots
         if fits and (best is None or stats.cost < best[1].cost):
@@ -323,11 +359,18 @@ def _offload_row(n: int, slots: int, host_slots: int, host: tuple, disk_slots: i
     schedule, stats = best
     disk_level = len(stats.levels) == 3
     name = f"MultiLevel({slots} dev, {host_slots} host" + (
-        f", {disk_slots} disk)" if disk_level else ")")
+        f", {disk_slots} disk)" if disk_level else ")"
+    )
     return dict(
-        name=name, schedule=schedule, plain=stats.plain, recorded=stats.recorded,
-        cost=stats.cost, memory_slots=stats.peak_slots[0],
-        host_slots=stats.peak_slots[1], host_writes=stats.writes[1], host_reads=stats.reads[1],
+        name=name,
+        schedule=schedule,
+        plain=stats.plain,
+        recorded=stats.recorded,
+        cost=stats.cost,
+        memory_slots=stats.peak_slots[0],
+        host_slots=stats.peak_slots[1],
+        host_writes=stats.writes[1],
+        host_reads=stats.reads[1],
         disk_slots=stats.peak_slots[2] if disk_level else 0,
         disk_writes=stats.writes[2] if disk_level else 0,
         disk_reads=stats.reads[2] if disk_level else 0,
@@ -401,9 +444,16 @@ def plan(
         True
     """
     return plan_with_notes(
-        n_steps, snapshots, memory, state_size, disk,
-        disk_write_cost=disk_write_cost, disk_read_cost=disk_read_cost,
-        host_memory=host_memory, host_write_cost=host_write_cost, host_read_cost=host_read_cost,
+        n_steps,
+        snapshots,
+        memory,
+        state_size,
+        disk,
+        disk_write_cost=disk_write_cost,
+        disk_read_cost=disk_read_cost,
+        host_memory=host_memory,
+        host_write_cost=host_write_cost,
+        host_read_cost=host_read_cost,
     )[0]
 
 
@@ -426,8 +476,10 @@ def plan_with_notes(
         raise ValueError(f"n_steps={n}: plan a loop of at least one step.")
     w = _check_cost(disk_write_cost, "disk_write_cost")
     r = _check_cost(disk_read_cost, "disk_read_cost")
-    host = (_check_cost(host_write_cost, "host_write_cost"),
-            _check_cost(host_read_cost, "host_read_cost"))
+    host = (
+        _check_cost(host_write_cost, "host_write_cost"),
+        _check_cost(host_read_cost, "host_read_cost"),
+    )
     slots, disk_slots, size = _budget(snapshots, memory, state_size, disk)
     host_slots = _level_slots(host_memory, "host_memory", size, state_size)
 
@@ -438,22 +490,46 @@ def plan_with_notes(
     notes: list[str] = []
     # Store everything: N - 1 slots.
     if n - 1 <= slots:
-        rows.append(dict(name="StoreAll()", schedule=StoreAll(), plain=n - 1, recorded=n,
-                         cost=2 * n - 1, memory_slots=n - 1))
+        rows.append(
+            dict(
+                name="StoreAll()",
+                schedule=StoreAll(),
+                plain=n - 1,
+                recorded=n,
+                cost=2 * n - 1,
+                memory_slots=n - 1,
+            )
+        )
     else:
         notes.append(f"StoreAll() needs {n - 1:,} slots{nbytes(n - 1)}; the budget has {slots:,}.")
     # Revolve, with no more slots than it can use.
     s = max(1, min(slots, n - 1))
     if 1 < s < n - 1:  # with N - 1 slots Revolve is StoreAll
         t = revolve_optimum(n, s)
-        rows.append(dict(name=f"Revolve({s})", schedule=Revolve(s), plain=t, recorded=n,
-                         cost=t + n, memory_slots=min(s, n)))
+        rows.append(
+            dict(
+                name=f"Revolve({s})",
+                schedule=Revolve(s),
+                plain=t,
+                recorded=n,
+                cost=t + n,
+                memory_slots=min(s, n),
+            )
+        )
     # Periodic with the best period that fits.
     every = _best_periodic(n, slots)
     if every is not None and 1 < every < n:
         plain, peak = periodic_counts(n, every)
-        rows.append(dict(name=f"Periodic({every})", schedule=Periodic(every), plain=plain,
-                         recorded=n, cost=plain + n, memory_slots=peak))
+        rows.append(
+            dict(
+                name=f"Periodic({every})",
+                schedule=Periodic(every),
+                plain=plain,
+                recorded=n,
+                cost=plain + n,
+                memory_slots=peak,
+            )
+        )
     elif every is None and n > 2:
         k = max(1, math.isqrt(n))
         need = min(periodic_counts(n, kk)[1] for kk in (k, k + 1))
@@ -464,9 +540,11 @@ def plan_with_notes(
             notes.append(f"MultiLevel is planned only up to N = {MULTILEVEL_LIMIT:,} here.")
         else:
             schedule, stats = _best_multilevel(n, slots, disk_slots, w, r)
-            rows.append(_row_from_stats(
-                f"MultiLevel({slots} mem, {disk_slots} disk)", schedule, stats, w, r
-            ))
+            rows.append(
+                _row_from_stats(
+                    f"MultiLevel({slots} mem, {disk_slots} disk)", schedule, stats, w, r
+                )
+            )
     # Device plus host (plus disk), for the compiled loops.
     if host_slots:
         if n > MULTILEVEL_LIMIT:
@@ -485,11 +563,25 @@ def plan_with_notes(
             rows.append(_row_from_stats(f"Online({s})", schedule, stats, w, r))
     # Recompute everything from the initial state: one slot.
     t = n * (n - 1) // 2
-    rows.append(dict(name="RecomputeAll()", schedule=RecomputeAll(), plain=t, recorded=n,
-                     cost=t + n, memory_slots=1))
+    rows.append(
+        dict(
+            name="RecomputeAll()",
+            schedule=RecomputeAll(),
+            plain=t,
+            recorded=n,
+            cost=t + n,
+            memory_slots=1,
+        )
+    )
 
-    rows.sort(key=lambda row: (row["cost"], row["memory_slots"], row.get("host_slots", 0),
-                               row.get("disk_slots", 0)))
+    rows.sort(
+        key=lambda row: (
+            row["cost"],
+            row["memory_slots"],
+            row.get("host_slots", 0),
+            row.get("disk_slots", 0),
+        )
+    )
     out = []
     for i, row in enumerate(rows):
         if size is not None:
@@ -527,10 +619,17 @@ def format_table(rows: Sequence[Row], *, disk: bool | None = None) -> str:
         header += ["disk slots", "peak disk"]
     lines = []
     for row in rows:
-        cells = ["*" if row.recommended else "", row.name, _fmt_int(row.plain),
-                 _fmt_int(row.recorded), _fmt_int(row.evaluations)]
+        cells = [
+            "*" if row.recommended else "",
+            row.name,
+            _fmt_int(row.plain),
+            _fmt_int(row.recorded),
+            _fmt_int(row.evaluations),
+        ]
         if disk or host:
-            cells.append(f"{row.cost:,.1f}" if row.cost != int(row.cost) else _fmt_int(int(row.cost)))
+            cells.append(
+                f"{row.cost:,.1f}" if row.cost != int(row.cost) else _fmt_int(int(row.cost))
+            )
         cells += [
             f"{row.overhead:.3f}" if row.overhead < 1000 else f"{row.overhead:,.0f}",
             _fmt_int(row.memory_slots),
@@ -538,11 +637,15 @@ def format_table(rows: Sequence[Row], *, disk: bool | None = None) -> str:
         if has_bytes:
             cells.append(format_size(row.memory_bytes) if row.memory_bytes is not None else "-")
         if host:
-            cells += [_fmt_int(row.host_slots),
-                      format_size(row.host_bytes) if row.host_bytes else "-"]
+            cells += [
+                _fmt_int(row.host_slots),
+                format_size(row.host_bytes) if row.host_bytes else "-",
+            ]
         if disk:
-            cells += [_fmt_int(row.disk_slots),
-                      format_size(row.disk_bytes) if row.disk_bytes else "-"]
+            cells += [
+                _fmt_int(row.disk_slots),
+                format_size(row.disk_bytes) if row.disk_bytes else "-",
+            ]
         lines.append(cells)
     widths = [max(len(str(c)) for c in col) for col in zip(header, *lines)]
     left = {0, 1}
@@ -557,7 +660,9 @@ def format_table(rows: Sequence[Row], *, disk: bool | None = None) -> str:
     return "\n".join([render(header), rule] + [render(c) for c in lines])
 
 
-def plot_schedule(schedule: Schedule, n_steps: int, path, **kwargs):
+def plot_schedule(
+    schedule: Schedule, n_steps: int, path: str | os.PathLike | None, **kwargs: Any
+) -> tuple[Figure, Stats]:
     """Draw ``schedule`` for ``n_steps`` steps as a step-versus-time picture; see
     :func:`retrograde.plot.plot_schedule`.
 

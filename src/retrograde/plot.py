@@ -10,6 +10,7 @@ line collections, so even long schedules render in seconds.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from .schedules import (
     Advance,
@@ -20,10 +21,14 @@ from .schedules import (
     Restore,
     Schedule,
     Simulator,
+    Stats,
     Store,
     check_steps,
     schedule_stream,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["plot_schedule", "schedule_stream"]
 
@@ -89,7 +94,7 @@ def plot_schedule(
     title: str | None = None,
     figsize: tuple[float, float] = (10.0, 6.0),
     dpi: int = 120,
-):
+) -> tuple[Figure, Stats]:
     """Draw ``schedule`` reversing ``n_steps`` steps, and save it to ``path`` (PNG, SVG, PDF).
 
     The schedule is validated while it is drawn (an invalid one raises
@@ -152,8 +157,9 @@ def plot_schedule(
     thin = 0.6 if big else 1.0
     if restores and not big:
         ax.add_collection(
-            LineCollection(restores, colors=restore_colors, linewidths=0.8, linestyles=":",
-                           alpha=0.6, zorder=1)
+            LineCollection(
+                restores, colors=restore_colors, linewidths=0.8, linestyles=":", alpha=0.6, zorder=1
+            )
         )
     if advances:
         ax.add_collection(LineCollection(advances, colors="0.35", linewidths=thin, zorder=2))
@@ -165,19 +171,38 @@ def plot_schedule(
     for k, points in enumerate(stores):
         if points:
             xs, ys = zip(*points)
-            ax.plot(xs, ys, linestyle="none", marker="o", markersize=marker, markeredgewidth=0,
-                    color=_LEVEL_COLORS[k % len(_LEVEL_COLORS)], zorder=4 if few else 2.5)
+            ax.plot(
+                xs,
+                ys,
+                linestyle="none",
+                marker="o",
+                markersize=marker,
+                markeredgewidth=0,
+                color=_LEVEL_COLORS[k % len(_LEVEL_COLORS)],
+                zorder=4 if few else 2.5,
+            )
 
     handles = [
         Line2D([], [], color="0.35", linewidth=1.0, label=f"plain evaluation ({stats.plain:,})"),
-        Line2D([], [], color="tab:red", linewidth=2.5,
-               label=f"recorded evaluation ({stats.recorded:,})"),
+        Line2D(
+            [],
+            [],
+            color="tab:red",
+            linewidth=2.5,
+            label=f"recorded evaluation ({stats.recorded:,})",
+        ),
     ]
     for k, level in enumerate(levels):
         name = level.name or f"level {k}"
         handles.append(
-            Line2D([], [], linestyle="none", marker="o", color=_LEVEL_COLORS[k % len(_LEVEL_COLORS)],
-                   label=f"store to {name} ({stats.writes[k]:,}, peak {stats.peak_slots[k]:,} slots)")
+            Line2D(
+                [],
+                [],
+                linestyle="none",
+                marker="o",
+                color=_LEVEL_COLORS[k % len(_LEVEL_COLORS)],
+                label=f"store to {name} ({stats.writes[k]:,}, peak {stats.peak_slots[k]:,} slots)",
+            )
         )
     ax.legend(handles=handles, loc="upper right", fontsize=8, framealpha=0.9)
     ax.set_xlim(0, max(clock, 1))
@@ -192,7 +217,11 @@ def plot_schedule(
             f"{_label(schedule)}: N = {n_steps:,}, slots = {slots}\n"
             f"plain {stats.plain:,} + recorded {stats.recorded:,} = "
             f"{stats.evaluations:,} evaluations"
-            + (f", cost {stats.cost:,.6g} with transfers" if stats.cost != stats.evaluations else "")
+            + (
+                f", cost {stats.cost:,.6g} with transfers"
+                if stats.cost != stats.evaluations
+                else ""
+            )
         ),
         fontsize=10,
     )

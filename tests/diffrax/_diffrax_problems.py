@@ -41,8 +41,20 @@ def inputs():
     return model, y0, a, c
 
 
-def solve(model, y0, a, c, adjoint, *, solver=None, saveat=None, controller=None, dt0=0.1,
-          max_steps=32, t1=T1):
+def solve(
+    model,
+    y0,
+    a,
+    c,
+    adjoint,
+    *,
+    solver=None,
+    saveat=None,
+    controller=None,
+    dt0=0.1,
+    max_steps=32,
+    t1=T1,
+):
     solver = diffrax.Tsit5() if solver is None else solver
     saveat = diffrax.SaveAt(ts=jnp.linspace(0.0, t1, N_SAVE)) if saveat is None else saveat
     if controller is None:
@@ -53,8 +65,17 @@ def solve(model, y0, a, c, adjoint, *, solver=None, saveat=None, controller=None
         return args * f - c * y + jnp.sin(4.0 * t)
 
     sol = diffrax.diffeqsolve(
-        diffrax.ODETerm(vf), solver, 0.0, t1, dt0, y0, args=a, saveat=saveat,
-        stepsize_controller=controller, adjoint=adjoint, max_steps=max_steps,
+        diffrax.ODETerm(vf),
+        solver,
+        0.0,
+        t1,
+        dt0,
+        y0,
+        args=a,
+        saveat=saveat,
+        stepsize_controller=controller,
+        adjoint=adjoint,
+        max_steps=max_steps,
     )
     return sol
 

@@ -26,7 +26,9 @@ def grad_all(model, y0, a, c, adjoint, kw):
 
 @eqx.filter_jit
 def jvp_all(model, y0, a, c, adjoint, kw):
-    dmodel = jax.tree_util.tree_map(lambda x: 0.1 * jnp.ones_like(x), eqx.filter(model, eqx.is_array))
+    dmodel = jax.tree_util.tree_map(
+        lambda x: 0.1 * jnp.ones_like(x), eqx.filter(model, eqx.is_array)
+    )
     tangents = (dmodel, jnp.array([1.0, -2.0]), jnp.array(0.5), jnp.array(-1.0))
 
     def f(m_dyn, y0, a, c):
@@ -103,8 +105,11 @@ def test_vmap_batched_predicate():
 
 SOLVER_CASES = {
     "dopri5": dict(solver=diffrax.Dopri5()),
-    "kvaerno5": dict(solver=diffrax.Kvaerno5(), controller=diffrax.PIDController(rtol=1e-4, atol=1e-4),
-                     max_steps=128),
+    "kvaerno5": dict(
+        solver=diffrax.Kvaerno5(),
+        controller=diffrax.PIDController(rtol=1e-4, atol=1e-4),
+        max_steps=128,
+    ),
     "constant_steps": dict(controller=diffrax.ConstantStepSize(), dt0=0.15, max_steps=24),
     "saveat_t1": dict(saveat=diffrax.SaveAt(t1=True)),
     "saveat_steps": dict(saveat=diffrax.SaveAt(steps=True)),
@@ -131,8 +136,9 @@ def test_host_level():
     DirectAdjoint (higher orders with host levels: ``tests/loops/test_offload.py``)."""
     from retrograde.schedules import Level, Online
 
-    adjoint = checkpoint_adjoint(Online(2, slow=Level(8, write_cost=0.5, read_cost=0.5,
-                                                      storage="host")))
+    adjoint = checkpoint_adjoint(
+        Online(2, slow=Level(8, write_cost=0.5, read_cost=0.5, storage="host"))
+    )
     assert_close(grad_all(*inputs(), adjoint, {}), grad_all(*inputs(), DIRECT, {}), 1e-10)
 
 
@@ -141,7 +147,10 @@ def test_wrapped_solver():
     test_halfsolver_term_compatible uses it: diffrax's isinstance sees the wrapper as a Runge-Kutta
     method, but the stage loops are the wrapped solver's. Against RecursiveCheckpointAdjoint
     (DirectAdjoint refuses a wrapped solver)."""
-    kw = dict(solver=diffrax.HalfSolver(diffrax.Heun()), max_steps=256,
-              controller=diffrax.PIDController(rtol=1e-4, atol=1e-4))
+    kw = dict(
+        solver=diffrax.HalfSolver(diffrax.Heun()),
+        max_steps=256,
+        controller=diffrax.PIDController(rtol=1e-4, atol=1e-4),
+    )
     ref = grad_all(*inputs(), diffrax.RecursiveCheckpointAdjoint(), kw)
     assert_close(grad_all(*inputs(), checkpoint_adjoint(), kw), ref, 1e-10)

@@ -71,8 +71,9 @@ def _loss(loop):
 
 
 @pytest.mark.parametrize("loop,ref", CASES, ids=["integer carry", "float carry"])
-@pytest.mark.parametrize("t_end", [-1.0, 0.1, 0.25, 0.45, 2.0],
-                         ids=["none", "two", "three", "six", "all"])
+@pytest.mark.parametrize(
+    "t_end", [-1.0, 0.1, 0.25, 0.45, 2.0], ids=["none", "two", "three", "six", "all"]
+)
 def test_values_and_every_mode(loop, ref, t_end):
     theta, t_end = jnp.float64(0.7), jnp.float64(t_end)
     n, ys = jax.jit(loop)(theta, t_end)
@@ -85,7 +86,7 @@ def test_values_and_every_mode(loop, ref, t_end):
         lambda h: jax.grad(jax.grad(h)),
         lambda h: jax.grad(jax.grad(jax.grad(h))),
         jax.hessian,
-        lambda h: (lambda th, te: jax.jvp(lambda x: jax.grad(h)(x, te), (th,), (1.0,))),
+        lambda h: lambda th, te: jax.jvp(lambda x: jax.grad(h)(x, te), (th,), (1.0,)),
     ):
         np.testing.assert_allclose(
             jax.jit(mode(f))(theta, t_end), mode(g)(theta, t_end), rtol=1e-10, atol=1e-14
@@ -115,8 +116,9 @@ def test_write_only_buffer_with_predicate():
     out = bounded_while_loop(lambda s: s[0] < 3, body, (jnp.int32(0), buf), max_steps=5)
     assert is_write_only(out[1])
     np.testing.assert_array_equal(unwrap(out)[1], np.zeros(TS.shape))
-    out = bounded_while_loop(lambda s: s[0] < 3, body, (jnp.int32(0), wrap(jnp.zeros(5))),
-                             max_steps=5)
+    out = bounded_while_loop(
+        lambda s: s[0] < 3, body, (jnp.int32(0), wrap(jnp.zeros(5))), max_steps=5
+    )
     np.testing.assert_array_equal(unwrap(out)[1], [1.0, 1.0, 1.0, 0.0, 0.0])
 
 

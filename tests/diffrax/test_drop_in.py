@@ -5,9 +5,10 @@ Values against ``RecursiveCheckpointAdjoint``, derivatives against ``DirectAdjoi
 relative error <= 1e-10): events with a root finder, an SDE on a ``VirtualBrownianTree`` (a
 Runge-Kutta and an SRK solver, gradient and ``jax.jvp``), ``SaveAt(dense=True)``, ``SubSaveAt``,
 a progress meter under ``jax.grad``, ``vmap`` of ``SaveAt(ts=...)`` solves, ``max_steps=None``,
-and the dtypes of ``Solution``. ``test_runtime_type_checking`` runs in a fresh interpreter with diffrax imported
-under jaxtyping's import hook (beartype), x64, ``jax_numpy_rank_promotion="raise"`` and
-``jax_numpy_dtype_promotion="strict"``: the configuration diffrax's suite runs in.
+and the dtypes of ``Solution``. ``test_runtime_type_checking`` runs in a fresh interpreter with
+diffrax imported under jaxtyping's import hook (beartype), x64,
+``jax_numpy_rank_promotion="raise"`` and ``jax_numpy_dtype_promotion="strict"``: the configuration
+diffrax's suite runs in.
 """
 
 from __future__ import annotations
@@ -44,9 +45,18 @@ def _decay(t, y, args):
 @eqx.filter_jit
 def _solve(y0, k, adjoint, saveat, solver=diffrax.Tsit5(), **kw):
     return diffrax.diffeqsolve(
-        diffrax.ODETerm(_decay), solver, 0.0, 1.0, 0.1, y0, args=k, saveat=saveat,
-        adjoint=adjoint, max_steps=32,
-        stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-6), **kw,
+        diffrax.ODETerm(_decay),
+        solver,
+        0.0,
+        1.0,
+        0.1,
+        y0,
+        args=k,
+        saveat=saveat,
+        adjoint=adjoint,
+        max_steps=32,
+        stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-6),
+        **kw,
     )
 
 
@@ -66,15 +76,21 @@ def test_dense_and_subsaveat():
     """``SaveAt(dense=True)`` (the dense buffers are write-only buffers of the loop) and
     ``SubSaveAt`` with an ``fn``: values, ``Solution.evaluate`` and gradients."""
     y0, k = jnp.array([1.0, -0.5]), jnp.array(0.7)
-    subs = diffrax.SaveAt(subs=[diffrax.SubSaveAt(ts=TS), diffrax.SubSaveAt(
-        steps=True, fn=lambda t, y, a: jnp.sum(y**2))])
+    subs = diffrax.SaveAt(
+        subs=[
+            diffrax.SubSaveAt(ts=TS),
+            diffrax.SubSaveAt(steps=True, fn=lambda t, y, a: jnp.sum(y**2)),
+        ]
+    )
     dense = diffrax.SaveAt(dense=True, t1=True)
     for saveat in (dense, subs):
-        _same_values(_solve(y0, k, checkpoint_adjoint(), saveat).ys,
-                     _solve(y0, k, RCA, saveat).ys)
+        _same_values(_solve(y0, k, checkpoint_adjoint(), saveat).ys, _solve(y0, k, RCA, saveat).ys)
     ts = jnp.array([0.13, 0.5, 0.91])
-    np.testing.assert_allclose(_solve(y0, k, checkpoint_adjoint(), dense).evaluate(ts[1]),
-                               _solve(y0, k, RCA, dense).evaluate(ts[1]), rtol=1e-12)
+    np.testing.assert_allclose(
+        _solve(y0, k, checkpoint_adjoint(), dense).evaluate(ts[1]),
+        _solve(y0, k, RCA, dense).evaluate(ts[1]),
+        rtol=1e-12,
+    )
 
     def loss(y0, k, adjoint):
         sol = _solve(y0, k, adjoint, dense)
@@ -88,14 +104,24 @@ def test_dense_and_subsaveat():
 def test_event_with_root_finder():
     """A terminating event located by a root finder: the event time and state, and their
     derivatives (implicit function theorem through the root find, as for diffrax's adjoints)."""
-    event = diffrax.Event(lambda t, y, args, **kw: y[0] - 0.25,
-                          optx.Newton(1e-10, 1e-10, optx.rms_norm))
+    event = diffrax.Event(
+        lambda t, y, args, **kw: y[0] - 0.25, optx.Newton(1e-10, 1e-10, optx.rms_norm)
+    )
 
     def run(y0, k, adjoint):
         return diffrax.diffeqsolve(
-            diffrax.ODETerm(lambda t, y, a: jnp.stack([y[1], -a * y[0]])), diffrax.Tsit5(), 0.0,
-            jnp.inf, 0.05, y0, args=k, event=event, adjoint=adjoint, max_steps=64,
-            saveat=diffrax.SaveAt(t1=True, ts=TS))
+            diffrax.ODETerm(lambda t, y, a: jnp.stack([y[1], -a * y[0]])),
+            diffrax.Tsit5(),
+            0.0,
+            jnp.inf,
+            0.05,
+            y0,
+            args=k,
+            event=event,
+            adjoint=adjoint,
+            max_steps=64,
+            saveat=diffrax.SaveAt(t1=True, ts=TS),
+        )
 
     y0, k = jnp.array([1.0, 0.0]), jnp.array(2.0)
     sol, ref = jax.jit(run, static_argnums=2)(y0, k, checkpoint_adjoint()), run(y0, k, RCA)
@@ -115,23 +141,34 @@ def _sde_loss(solver):
     and space-time Levy area for an SRK (ShARK)."""
     additive = isinstance(solver, diffrax.AbstractSRK)
     bm = diffrax.VirtualBrownianTree(
-        0.0, 1.0, 1e-3, (2,), key=jr.PRNGKey(0),
-        levy_area=diffrax.SpaceTimeLevyArea if additive else diffrax.BrownianIncrement)
-    diffusion = (lambda t, y, a: lx.DiagonalLinearOperator(a[1] * jnp.ones(2))) if additive else (
-        lambda t, y, a: lx.DiagonalLinearOperator(a[1] * y))
-    terms = diffrax.MultiTerm(diffrax.ODETerm(lambda t, y, a: -a[0] * y),
-                              diffrax.ControlTerm(diffusion, bm))
+        0.0,
+        1.0,
+        1e-3,
+        (2,),
+        key=jr.PRNGKey(0),
+        levy_area=diffrax.SpaceTimeLevyArea if additive else diffrax.BrownianIncrement,
+    )
+    diffusion = (
+        (lambda t, y, a: lx.DiagonalLinearOperator(a[1] * jnp.ones(2)))
+        if additive
+        else (lambda t, y, a: lx.DiagonalLinearOperator(a[1] * y))
+    )
+    terms = diffrax.MultiTerm(
+        diffrax.ODETerm(lambda t, y, a: -a[0] * y), diffrax.ControlTerm(diffusion, bm)
+    )
 
     def loss(y0, k, adjoint):
-        sol = diffrax.diffeqsolve(terms, solver, 0.0, 1.0, 0.05, y0, args=(k, 0.3 * k),
-                                  adjoint=adjoint, max_steps=32)
+        sol = diffrax.diffeqsolve(
+            terms, solver, 0.0, 1.0, 0.05, y0, args=(k, 0.3 * k), adjoint=adjoint, max_steps=32
+        )
         return jnp.sum(sol.ys**2)
 
     return loss
 
 
-SDE_SOLVERS = pytest.mark.parametrize("solver", [diffrax.Heun(), diffrax.ShARK()],
-                                      ids=["heun", "shark"])
+SDE_SOLVERS = pytest.mark.parametrize(
+    "solver", [diffrax.Heun(), diffrax.ShARK()], ids=["heun", "shark"]
+)
 
 
 @SDE_SOLVERS
@@ -142,10 +179,13 @@ def test_sde_virtual_brownian_tree_jvp(solver):
     transformed)."""
     y0, k, dy = jnp.array([1.0, 2.0]), jnp.array(0.5), jnp.array([1.0, -1.0])
     jvp = lambda loss, adj: jax.jvp(lambda y: loss(y, k, adj), (y0,), (dy,))
-    reference = _sde_loss(eqx.tree_at(lambda s: s.scan_kind, solver, "lax",
-                                      is_leaf=lambda x: x is None))
-    assert_close(jax.jit(jvp, static_argnums=(0, 1))(_sde_loss(solver), checkpoint_adjoint()),
-                 jvp(reference, DIRECT))
+    reference = _sde_loss(
+        eqx.tree_at(lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None)
+    )
+    assert_close(
+        jax.jit(jvp, static_argnums=(0, 1))(_sde_loss(solver), checkpoint_adjoint()),
+        jvp(reference, DIRECT),
+    )
 
 
 @SDE_SOLVERS
@@ -162,14 +202,25 @@ def test_progress_meter_under_grad(capfd):
 
     def loss(y0, k, adjoint):
         sol = diffrax.diffeqsolve(
-            diffrax.ODETerm(_decay), diffrax.Dopri5(), 0.0, 1.0, 0.1, y0, args=k,
-            adjoint=adjoint, max_steps=16, progress_meter=diffrax.TextProgressMeter())
+            diffrax.ODETerm(_decay),
+            diffrax.Dopri5(),
+            0.0,
+            1.0,
+            0.1,
+            y0,
+            args=k,
+            adjoint=adjoint,
+            max_steps=16,
+            progress_meter=diffrax.TextProgressMeter(),
+        )
         return jnp.sum(sol.ys**2)
 
     capfd.readouterr()
     y0, k = jnp.array([1.0, 2.0]), jnp.array(0.5)
-    assert_close(jax.grad(loss, argnums=(0, 1))(y0, k, checkpoint_adjoint()),
-                 jax.grad(loss, argnums=(0, 1))(y0, k, DIRECT))
+    assert_close(
+        jax.grad(loss, argnums=(0, 1))(y0, k, checkpoint_adjoint()),
+        jax.grad(loss, argnums=(0, 1))(y0, k, DIRECT),
+    )
     jax.effects_barrier()
     expected = "".join(f"{p:.2f}%\n" for p in np.linspace(0, 100, 11))
     assert capfd.readouterr().out == 2 * expected  # once per solve, the forward pass only
@@ -188,8 +239,17 @@ def test_max_steps_none():
     with a cap."""
 
     def loss(y0, k, adjoint, max_steps):
-        sol = diffrax.diffeqsolve(diffrax.ODETerm(_decay), diffrax.Tsit5(), 0.0, 1.0, 0.1, y0,
-                                  args=k, adjoint=adjoint, max_steps=max_steps)
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(_decay),
+            diffrax.Tsit5(),
+            0.0,
+            1.0,
+            0.1,
+            y0,
+            args=k,
+            adjoint=adjoint,
+            max_steps=max_steps,
+        )
         return jnp.sum(sol.ys**2)
 
     y0, k = jnp.array([1.0, 2.0]), jnp.array(0.5)
@@ -198,8 +258,11 @@ def test_max_steps_none():
 
 
 def _leaf_types(tree):
-    return [(jtu.keystr(p), x.dtype, getattr(x, "weak_type", None))
-            for p, x in jtu.tree_leaves_with_path(tree) if hasattr(x, "dtype")]
+    return [
+        (jtu.keystr(p), x.dtype, getattr(x, "weak_type", None))
+        for p, x in jtu.tree_leaves_with_path(tree)
+        if hasattr(x, "dtype")
+    ]
 
 
 def test_solution_dtypes():
@@ -245,10 +308,13 @@ def _run_strict(script: str) -> None:
     import beartype  # noqa: F401  (the test extra installs it: the type checker diffrax uses)
 
     src = Path(__file__).resolve().parents[2] / "src"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(src), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=600)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
@@ -263,7 +329,10 @@ def test_runtime_type_checking():
 def test_runtime_type_checking_derivatives():
     """The same configuration and the same solves (``_STRICT`` runs first), then a gradient,
     ``Solution.evaluate`` of dense output (weak step counters) and a ``jax.jvp``."""
-    _run_strict(_STRICT.replace('print("ok")', textwrap.dedent("""
+    _run_strict(
+        _STRICT.replace(
+            'print("ok")',
+            textwrap.dedent("""
         sol = solve(CheckpointAdjoint(), diffrax.SaveAt(dense=True))
         ref = solve(diffrax.RecursiveCheckpointAdjoint(), diffrax.SaveAt(dense=True))
         np.testing.assert_allclose(sol.evaluate(0.3), ref.evaluate(0.3), rtol=1e-12)
@@ -273,4 +342,6 @@ def test_runtime_type_checking_derivatives():
                                    jax.grad(loss(diffrax.DirectAdjoint()))(y0), rtol=1e-10)
         jax.jvp(loss(CheckpointAdjoint()), (y0,), (y0,))
         print("ok")
-    """)))
+    """),
+        )
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import diffrax
 import pytest
+
 from retrograde.schedules import Online
 
 from ._diffrax_problems import checkpoint_adjoint, second_order_temp_bytes
@@ -20,8 +21,11 @@ MiB = 2**20
 
 # Online(16) is slow: the same loop as the default's Online(88) with fewer slots (a second 10-20 s
 # compile); the slow test below compiles it again at 4000 steps.
-@pytest.mark.parametrize("schedule", [None, pytest.param(Online(16), marks=pytest.mark.slow)],
-                         ids=["default", "Online16"])
+@pytest.mark.parametrize(
+    "schedule",
+    [None, pytest.param(Online(16), marks=pytest.mark.slow)],
+    ids=["default", "Online16"],
+)
 def test_second_order_temp_memory_4000_steps(schedule):
     temp = second_order_temp_bytes(checkpoint_adjoint(schedule=schedule), 4000)
     assert temp <= 2 * MiB, f"{temp / MiB:.2f} MiB"

@@ -73,8 +73,16 @@ def test_step_closes_over_the_solver():
         assert _private.with_replaced(body, object(), solver) is None
 
     with pytest.raises(_Marker, match="done"):
-        diffrax.diffeqsolve(diffrax.ODETerm(lambda t, y, a: -y), diffrax.Tsit5(), 0.0, 1.0, 0.1,
-                            jnp.ones(2), adjoint=_CaptureStep(check), max_steps=8)
+        diffrax.diffeqsolve(
+            diffrax.ODETerm(lambda t, y, a: -y),
+            diffrax.Tsit5(),
+            0.0,
+            1.0,
+            0.1,
+            jnp.ones(2),
+            adjoint=_CaptureStep(check),
+            max_steps=8,
+        )
 
 
 def test_stage_kinds():

@@ -45,7 +45,7 @@ def test_values_and_first_order():
 @pytest.mark.parametrize("order", [1, 2, 3])
 def test_derivatives_match_scatter(order):
     def nth(write):
-        f = lambda x: loss(write, x)  # noqa: E731
+        f = lambda x: loss(write, x)
         for _ in range(order):
             f = jax.grad(f)
         return f(0.3)
@@ -75,12 +75,14 @@ def test_vmap(batched):
     want = jax.vmap(reference, in_axes=tuple(axes))(*args)
     np.testing.assert_array_equal(out, want)
     # The batched transpose reads each element's own rows.
-    g = jax.vmap(jax.grad(lambda x, i: jnp.sum(write_once(jnp.zeros((M, *ROW)), i, rows * x) ** 2)),
-                 in_axes=(0, 0))(jnp.arange(1.0, 4.0), args[1] if axes[1] == 0 else
-                                 jnp.stack([INDEX] * b))
-    g_ref = jax.vmap(jax.grad(lambda x, i: jnp.sum(reference(jnp.zeros((M, *ROW)), i, rows * x) ** 2)),
-                     in_axes=(0, 0))(jnp.arange(1.0, 4.0), args[1] if axes[1] == 0 else
-                                     jnp.stack([INDEX] * b))
+    g = jax.vmap(
+        jax.grad(lambda x, i: jnp.sum(write_once(jnp.zeros((M, *ROW)), i, rows * x) ** 2)),
+        in_axes=(0, 0),
+    )(jnp.arange(1.0, 4.0), args[1] if axes[1] == 0 else jnp.stack([INDEX] * b))
+    g_ref = jax.vmap(
+        jax.grad(lambda x, i: jnp.sum(reference(jnp.zeros((M, *ROW)), i, rows * x) ** 2)),
+        in_axes=(0, 0),
+    )(jnp.arange(1.0, 4.0), args[1] if axes[1] == 0 else jnp.stack([INDEX] * b))
     np.testing.assert_allclose(g, g_ref, rtol=1e-12)
 
 

@@ -26,8 +26,12 @@ def schedule_list():
 
 def multilevel():
     """MultiLevel with 2 memory slots and 3 disk slots."""
-    return rs.MultiLevel([rs.Level(2, name="memory"),
-                          rs.Level(3, write_cost=0.5, read_cost=0.5, name="disk", storage="disk")])
+    return rs.MultiLevel(
+        [
+            rs.Level(2, name="memory"),
+            rs.Level(3, write_cost=0.5, read_cost=0.5, name="disk", storage="disk"),
+        ]
+    )
 
 
 def params0(seed=0):
@@ -107,6 +111,7 @@ def np_reference_J(s0, p, n_steps):
 
 def fd_grad(s0, p, n_steps, eps=1e-6):
     """Central differences of np_reference_J with respect to params a, c and state0 u."""
+
     def J(s, q):
         return np_reference_J(s, q, n_steps)
 

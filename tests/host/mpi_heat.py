@@ -64,14 +64,23 @@ def main() -> int:
     directory = sys.argv[1] if len(sys.argv) > 1 else None
     ok = True
     results = []
-    schedules = [rs.Revolve(4), rs.MultiLevel([rs.Level(2, name="memory"),
-                                               rs.Level(4, write_cost=1, read_cost=1, name="disk",
-                                                        storage="disk")])]
+    schedules = [
+        rs.Revolve(4),
+        rs.MultiLevel(
+            [
+                rs.Level(2, name="memory"),
+                rs.Level(4, write_cost=1, read_cost=1, name="disk", storage="disk"),
+            ]
+        ),
+    ]
     for sched in schedules:
-        storage = {i: rh.Disk(directory, comm=comm) if i == len(sched.levels) - 1
-                   else rh.Memory() for i in range(len(sched.levels))}
-        with rh.forward(step, u_glob[sl], k_glob[sl], N, schedule=sched, loss=LOSS,
-                        storage=storage) as fp:
+        storage = {
+            i: rh.Disk(directory, comm=comm) if i == len(sched.levels) - 1 else rh.Memory()
+            for i in range(len(sched.levels))
+        }
+        with rh.forward(
+            step, u_glob[sl], k_glob[sl], N, schedule=sched, loss=LOSS, storage=storage
+        ) as fp:
             disk = fp._stores[-1]
             names = [nm for nm in os.listdir(disk.path) if nm != OWNER_FILE]
             if not names or not all(nm.startswith(f"r{rank}-step") for nm in names):
@@ -86,18 +95,29 @@ def main() -> int:
         if os.path.exists(path):
             print(f"rank {rank}: {path} not removed", flush=True)
             ok = False
-        results.append((J, comm.gather(np.asarray(g.params), root=0),
-                         comm.gather(np.asarray(g.state0), root=0)))
+        results.append(
+            (
+                J,
+                comm.gather(np.asarray(g.params), root=0),
+                comm.gather(np.asarray(g.state0), root=0),
+            )
+        )
     if rank == 0:
-        J_ref, g_ref = rh.value_and_grad(make_step(None), LOSS, u_glob, k_glob, N,
-                                         schedule=rs.StoreAll())
+        J_ref, g_ref = rh.value_and_grad(
+            make_step(None), LOSS, u_glob, k_glob, N, schedule=rs.StoreAll()
+        )
         for J, gk, gu in results:
             gk, gu = np.concatenate(gk), np.concatenate(gu)
-            if not (np.isclose(J, J_ref, rtol=1e-12)
-                    and np.allclose(gk, g_ref.params, rtol=1e-11, atol=1e-14)
-                    and np.allclose(gu, g_ref.state0, rtol=1e-11, atol=1e-14)):
-                print(f"mismatch: J {J} vs {J_ref}; |dk| {np.abs(gk - g_ref.params).max()}; "
-                      f"|du0| {np.abs(gu - g_ref.state0).max()}", flush=True)
+            if not (
+                np.isclose(J, J_ref, rtol=1e-12)
+                and np.allclose(gk, g_ref.params, rtol=1e-11, atol=1e-14)
+                and np.allclose(gu, g_ref.state0, rtol=1e-11, atol=1e-14)
+            ):
+                print(
+                    f"mismatch: J {J} vs {J_ref}; |dk| {np.abs(gk - g_ref.params).max()}; "
+                    f"|du0| {np.abs(gu - g_ref.state0).max()}",
+                    flush=True,
+                )
                 ok = False
     ok = comm.allreduce(ok, op=MPI.LAND)
     if rank == 0 and ok:

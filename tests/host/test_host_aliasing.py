@@ -48,7 +48,7 @@ FINAL = rh.Final(lambda n, u, a: 0.5 * np.sum(u**2), grad=lambda n, u, a: (u, 0.
 RUNNING = rh.Running(lambda n, u, a: 0.5 * np.sum(u**2), grad=lambda n, u, a: (u, 0.0))
 
 
-def _J(a, terms, u0=np.ones(4), w=None):
+def _J(a, terms, u0=np.ones(4), w=None):  # noqa: B008 - read only (copied below)
     u, J = u0.copy(), 0.0
     for n in range(N10):
         u = _fwd(n, u, a)
@@ -61,12 +61,14 @@ def _fd(terms, a=1.5, eps=1e-6, **kw):
     return (_J(a + eps, terms, **kw) - _J(a - eps, terms, **kw)) / (2 * eps)
 
 
-@pytest.mark.parametrize("terms", [(FINAL,), (RUNNING,), (RUNNING, FINAL)],
-                         ids=["final", "running", "both"])
+@pytest.mark.parametrize(
+    "terms", [(FINAL,), (RUNNING,), (RUNNING, FINAL)], ids=["final", "running", "both"]
+)
 @pytest.mark.parametrize("storage", [rh.Memory(), rh.Disk()], ids=["memory", "disk"])
 def test_case1_loss_gradient_returns_the_state_and_vjp_overwrites_it(terms, storage):
-    _, g = rh.value_and_grad(RERUN, terms, np.ones(4), 1.5, N10, schedule=rs.Revolve(3),
-                             storage=storage)
+    _, g = rh.value_and_grad(
+        RERUN, terms, np.ones(4), 1.5, N10, schedule=rs.Revolve(3), storage=storage
+    )
     np.testing.assert_allclose(g.params, _fd(terms), rtol=1e-8)
 
 
@@ -83,8 +85,7 @@ def test_case2_mutating_fp_state_changes_nothing():
 def test_case3_vjp_that_writes_into_its_cotangent_leaves_the_callers_alone():
     w = np.linspace(0.5, 1.0, 4)
     w0 = w.copy()
-    with rh.forward(INTO_COTANGENT, np.ones(4), 1.5, N10, schedule=rs.Revolve(3),
-                    loss=FINAL) as fp:
+    with rh.forward(INTO_COTANGENT, np.ones(4), 1.5, N10, schedule=rs.Revolve(3), loss=FINAL) as fp:
         g1 = fp.vjp(w, loss_bar=0)
         np.testing.assert_array_equal(w, w0)
         g2 = fp.vjp(w, loss_bar=0)
@@ -98,16 +99,23 @@ def test_parameters_and_loss_inputs_are_read_only():
         return u
 
     with pytest.raises(ValueError, match="read-only"):
-        rh.value_and_grad(rh.Step(fwd, _vjp_rerun), FINAL, np.ones(4), np.ones(2), 3,
-                          schedule=rs.Revolve(2))
+        rh.value_and_grad(
+            rh.Step(fwd, _vjp_rerun), FINAL, np.ones(4), np.ones(2), 3, schedule=rs.Revolve(2)
+        )
 
     def scribbling_grad(n, u, a):
         u[:] = 0.0
         return u, 0.0
 
     with pytest.raises(ValueError, match="read-only"):
-        rh.value_and_grad(RERUN, rh.Final(FINAL.f, grad=scribbling_grad), np.ones(4), 1.5, 3,
-                          schedule=rs.Revolve(2))
+        rh.value_and_grad(
+            RERUN,
+            rh.Final(FINAL.f, grad=scribbling_grad),
+            np.ones(4),
+            1.5,
+            3,
+            schedule=rs.Revolve(2),
+        )
 
 
 # ------------------------------------------------------------------ the property test
@@ -173,8 +181,9 @@ def _np_jvp(k, scribble):
 
 def _np_step(k, fwd_mode, vjp_mode, jvp_scribble):
     forward = _np_forward(k, fwd_mode)
-    return rh.Step(forward, _np_vjp(k, vjp_mode, _np_forward(k, "inplace")),
-                   _np_jvp(k, jvp_scribble))
+    return rh.Step(
+        forward, _np_vjp(k, vjp_mode, _np_forward(k, "inplace")), _np_jvp(k, jvp_scribble)
+    )
 
 
 def _jax_step(n, s, p):
@@ -189,12 +198,14 @@ G_COPY = G.copy()
 
 def _np_losses(m):
     g = G[:m]
-    running = rh.Running(lambda n, s, p: 0.5 * np.sum(s["u"] ** 2),
-                         grad=lambda n, s, p: ({"u": s["u"], "v": 0.0}, 0.0))
-    final = rh.Final(lambda n, s, p: 0.5 * np.sum(s["u"] ** 2) + np.sum(g * s["v"])
-                     + p["c"] * np.sum(s["v"]),
-                     grad=lambda n, s, p: ({"u": s["u"], "v": g + p["c"]},
-                                           {"a": 0.0, "c": np.sum(s["v"])}))
+    running = rh.Running(
+        lambda n, s, p: 0.5 * np.sum(s["u"] ** 2),
+        grad=lambda n, s, p: ({"u": s["u"], "v": 0.0}, 0.0),
+    )
+    final = rh.Final(
+        lambda n, s, p: 0.5 * np.sum(s["u"] ** 2) + np.sum(g * s["v"]) + p["c"] * np.sum(s["v"]),
+        grad=lambda n, s, p: ({"u": s["u"], "v": g + p["c"]}, {"a": 0.0, "c": np.sum(s["v"])}),
+    )
     return running, final
 
 
@@ -203,8 +214,11 @@ def _jrun(n, s, p):
 
 
 def _jfin(n, s, p):
-    return 0.5 * jnp.sum(s["u"] ** 2) + jnp.sum(jnp.asarray(G[:s["v"].shape[0]]) * s["v"]) \
+    return (
+        0.5 * jnp.sum(s["u"] ** 2)
+        + jnp.sum(jnp.asarray(G[: s["v"].shape[0]]) * s["v"])
         + p["c"] * jnp.sum(s["v"])
+    )
 
 
 STORAGES = ["memory", "disk", "mixed"]
@@ -241,8 +255,11 @@ def loops(draw):
         jax_losses=kind == "jax" and draw(st.booleans()),
         seed=draw(st.integers(0, 2**16)),
         # each vjp: (with a state cotangent?, loss_bar)
-        calls=draw(st.lists(st.tuples(st.booleans(), st.sampled_from([0.0, 1.0, 0.5])),
-                            min_size=1, max_size=3)),
+        calls=draw(
+            st.lists(
+                st.tuples(st.booleans(), st.sampled_from([0.0, 1.0, 0.5])), min_size=1, max_size=3
+            )
+        ),
         last_keep=draw(st.booleans()),
         until=draw(st.booleans()),
     )
@@ -255,8 +272,10 @@ def _inputs(case):
     s0 = {"u": 0.5 + 0.3 * rng.standard_normal(m), "v": 0.1 * rng.standard_normal(m)}
     p = {"a": 1.0 + 0.3 * rng.standard_normal(m), "c": np.array(0.3 + 0.1 * rng.random())}
     bars = [{"u": rng.standard_normal(m), "v": rng.standard_normal(m)} for _ in case["calls"]]
-    tangents = ({"u": rng.standard_normal(m), "v": rng.standard_normal(m)},
-                {"a": rng.standard_normal(m), "c": np.array(rng.standard_normal())})
+    tangents = (
+        {"u": rng.standard_normal(m), "v": rng.standard_normal(m)},
+        {"a": rng.standard_normal(m), "c": np.array(rng.standard_normal())},
+    )
     return s0, p, bars, tangents
 
 
@@ -307,13 +326,14 @@ def check_loop(case, tmp_path):
 
     # the reference: unbounded memory, a clean step, untouched inputs
     with rh.forward(clean, _copy(s0), _copy(p), N, schedule=rs.StoreAll(), loss=loss) as ref:
-        want = [ref.vjp(_copy(b) if with_bar else None, loss_bar=lb)
-                for (with_bar, lb), b in zip(case["calls"], bars)]
+        want = [
+            ref.vjp(_copy(b) if with_bar else None, loss_bar=lb)
+            for (with_bar, lb), b in zip(case["calls"], bars)
+        ]
         want_state, want_value = ref.state, ref.value
 
     s0_given, p_given = _copy(s0), _copy(p)
-    with rh.forward(step, s0, p, n_arg, schedule=schedule, loss=loss, storage=storage,
-                    **kw) as fp:
+    with rh.forward(step, s0, p, n_arg, schedule=schedule, loss=loss, storage=storage, **kw) as fp:
         assert fp.n_steps == N
         _assert_same(s0, s0_given)  # the caller's arrays were not touched
         _assert_same(p, p_given)
@@ -356,9 +376,12 @@ def check_loop(case, tmp_path):
         assert t.value_dot == pytest.approx(t_want.value_dot, rel=1e-12, abs=1e-14)
 
 
-PROPERTY = settings(max_examples=40, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                           HealthCheck.too_slow])
+PROPERTY = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @PROPERTY

@@ -25,8 +25,9 @@ def _storage(kind, schedule, tmp_path):
     if kind == "memory":
         return rh.Memory()
     if len(schedule.levels) > 1:  # MultiLevel: keep level 0 in RAM, the rest on disk
-        return {i: (rh.Memory() if i == 0 else rh.Disk(tmp_path)) for i in
-                range(len(schedule.levels))}
+        return {
+            i: (rh.Memory() if i == 0 else rh.Disk(tmp_path)) for i in range(len(schedule.levels))
+        }
     return rh.Disk(tmp_path)
 
 
@@ -49,8 +50,9 @@ def np_reference():
 def jax_reference():
     s0 = jax.tree_util.tree_map(jnp.asarray, P.state0())
     p = jax.tree_util.tree_map(jnp.asarray, P.params0())
-    J, (gp, gs) = jax.jit(jax.value_and_grad(P.jax_reference_J, argnums=(0, 1)),
-                          static_argnums=2)(p, s0, N)
+    J, (gp, gs) = jax.jit(jax.value_and_grad(P.jax_reference_J, argnums=(0, 1)), static_argnums=2)(
+        p, s0, N
+    )
     return float(J), gp, gs
 
 
@@ -61,10 +63,11 @@ def hvp_reference():
     rng = np.random.default_rng(7)
     pd = {"a": rng.standard_normal(P.M), "c": np.float64(rng.standard_normal())}
     sd = {"u": rng.standard_normal(P.M), "memo": np.zeros(P.M)}
-    f = lambda q, s: P.jax_reference_J(q, s, N)  # noqa: E731
+    f = lambda q, s: P.jax_reference_J(q, s, N)
     g_ref = jax.grad(f, argnums=(0, 1))
     J, (gp, gs), (hp, hs) = jax.jit(
-        lambda p, s0, pd, sd: (f(p, s0), *jax.jvp(g_ref, (p, s0), (pd, sd))))(p, s0, pd, sd)
+        lambda p, s0, pd, sd: (f(p, s0), *jax.jvp(g_ref, (p, s0), (pd, sd)))
+    )(p, s0, pd, sd)
     return (s0, p, pd, sd), float(J), (gp, gs), (hp, hs)
 
 
@@ -76,8 +79,15 @@ def test_numpy_step_in_place(schedule, kind, tmp_path, np_reference):
     J_ref, (ga, gc, gu), g_sa = np_reference
     s0, p = P.state0(), P.params0()
     s0_copy = {k: v.copy() for k, v in s0.items()}
-    J, g = rh.value_and_grad(P.NP_STEP, P.NP_LOSS, s0, p, N,
-                             storage=_storage(kind, schedule, tmp_path), **_kw(schedule, N))
+    J, g = rh.value_and_grad(
+        P.NP_STEP,
+        P.NP_LOSS,
+        s0,
+        p,
+        N,
+        storage=_storage(kind, schedule, tmp_path),
+        **_kw(schedule, N),
+    )
     np.testing.assert_allclose(J, J_ref, rtol=1e-13)
     np.testing.assert_allclose(g.params["a"], ga, rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(g.params["c"], gc, rtol=1e-6, atol=1e-8)
@@ -95,8 +105,15 @@ def test_numpy_step_in_place(schedule, kind, tmp_path, np_reference):
 @pytest.mark.parametrize("schedule", SCHEDS, ids=IDS)
 def test_jax_step(schedule, kind, tmp_path, jax_reference):
     J_ref, gp, gs = jax_reference
-    J, g = rh.value_and_grad(P.jax_step, P.JAX_LOSS, P.state0(), P.params0(), N,
-                             storage=_storage(kind, schedule, tmp_path), schedule=schedule)
+    J, g = rh.value_and_grad(
+        P.jax_step,
+        P.JAX_LOSS,
+        P.state0(),
+        P.params0(),
+        N,
+        storage=_storage(kind, schedule, tmp_path),
+        schedule=schedule,
+    )
     np.testing.assert_allclose(J, J_ref, rtol=1e-13)
     np.testing.assert_allclose(g.params["a"], gp["a"], rtol=1e-11)
     np.testing.assert_allclose(g.params["c"], gp["c"], rtol=1e-11)
@@ -109,8 +126,9 @@ def test_eval_counts_match_the_schedule():
     for name, sched in SCHEDULES:
         if sched.online:
             continue
-        with rh.forward(P.NP_STEP, P.state0(), P.params0(), N, schedule=sched,
-                        loss=P.NP_LOSS) as fp:
+        with rh.forward(
+            P.NP_STEP, P.state0(), P.params0(), N, schedule=sched, loss=P.NP_LOSS
+        ) as fp:
             fp.vjp()
             stats = rs.simulate(sched, N)
             assert fp.counts.plain == stats.plain + 1, name
@@ -128,8 +146,7 @@ def test_repeated_vjp_on_one_handle(schedule, kind, tmp_path):
     storage = _storage(kind, schedule, tmp_path)
     rng = np.random.default_rng(3)
     bars = [{"u": rng.standard_normal(P.M), "memo": rng.standard_normal(P.M)} for _ in range(2)]
-    with rh.forward(P.NP_STEP, s0, p, N, schedule=schedule, loss=P.NP_LOSS,
-                    storage=storage) as fp:
+    with rh.forward(P.NP_STEP, s0, p, N, schedule=schedule, loss=P.NP_LOSS, storage=storage) as fp:
         plain_fwd = fp.counts.plain
         held = [s.nbytes for s in fp._stores]
         files = sorted(tmp_path.rglob("*.snap"))
@@ -147,8 +164,10 @@ def test_repeated_vjp_on_one_handle(schedule, kind, tmp_path):
     for a, b in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g1b)):
         np.testing.assert_array_equal(a, b)
     for bar, g in zip(bars, gb):
-        lin = rh.Final(lambda n, s, q, bar=bar: sum(np.sum(bar[k] * s[k]) for k in bar),
-                       grad=lambda n, s, q, bar=bar: (bar, {"a": 0.0, "c": 0.0}))
+        lin = rh.Final(
+            lambda n, s, q, bar=bar: sum(np.sum(bar[k] * s[k]) for k in bar),
+            grad=lambda n, s, q, bar=bar: (bar, {"a": 0.0, "c": 0.0}),
+        )
         _, ref = rh.value_and_grad(P.NP_STEP, lin, s0, p, N, schedule=rs.StoreAll())
         for x, y in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(ref)):
             np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-14)
@@ -164,12 +183,14 @@ def test_replay_m0_m1_m0(sched, kind, tmp_path):
     storage = _storage(kind, sched, tmp_path)
 
     def run(p):
-        return rh.value_and_grad(P.NP_STEP, P.NP_LOSS, P.state0(), p, N, schedule=sched,
-                                 storage=storage)
+        return rh.value_and_grad(
+            P.NP_STEP, P.NP_LOSS, P.state0(), p, N, schedule=sched, storage=storage
+        )
 
     def run_jax(p):
-        return rh.value_and_grad(P.jax_step, P.JAX_LOSS, P.state0(), p, N, schedule=sched,
-                                 storage=storage)
+        return rh.value_and_grad(
+            P.jax_step, P.JAX_LOSS, P.state0(), p, N, schedule=sched, storage=storage
+        )
 
     for fn in (run, run_jax):
         a, b, c = fn(p0), fn(p1), fn(p0)
@@ -188,16 +209,19 @@ def test_online_until(tmp_path):
         pytest.skip("retrograde.schedules.Online is not available yet")
 
     def step(n, s, p):
-        return {"t": s["t"] + p["dt"] * (1 + 0.5 * jnp.sin(s["u"][0])),
-                "u": s["u"] + p["dt"] * jnp.cos(p["w"] * s["u"])}
+        return {
+            "t": s["t"] + p["dt"] * (1 + 0.5 * jnp.sin(s["u"][0])),
+            "u": s["u"] + p["dt"] * jnp.cos(p["w"] * s["u"]),
+        }
 
     loss = rh.Final(lambda n, s, p: jnp.sum(s["u"] ** 3))
     s0 = {"t": np.float64(0.0), "u": np.linspace(0.1, 0.4, 3)}
     p = {"dt": np.float64(0.05), "w": np.float64(1.3)}
-    until = lambda n, s: s["t"] >= 1.0  # noqa: E731
+    until = lambda n, s: s["t"] >= 1.0
     for storage in (rh.Memory(), rh.Disk(tmp_path)):
-        with rh.forward(step, s0, p, None, until=until, schedule=sched, loss=loss,
-                        storage=storage) as fp:
+        with rh.forward(
+            step, s0, p, None, until=until, schedule=sched, loss=loss, storage=storage
+        ) as fp:
             n_steps = fp.n_steps
             g = fp.vjp()
             g2 = fp.vjp()
@@ -237,8 +261,9 @@ def test_hvp_taylor_third_order(tmp_path):
     p = P.params0()
     rng = np.random.default_rng(11)
     d = {"a": rng.standard_normal(P.M), "c": np.float64(rng.standard_normal())}
-    r = rh.hvp(P.jax_step, P.JAX_LOSS, s0, p, N, d, schedule=rs.Revolve(3),
-               storage=rh.Disk(tmp_path))
+    r = rh.hvp(
+        P.jax_step, P.JAX_LOSS, s0, p, N, d, schedule=rs.Revolve(3), storage=rh.Disk(tmp_path)
+    )
     gd = float(np.dot(r.grad.params["a"], d["a"]) + r.grad.params["c"] * d["c"])
     dHd = float(np.dot(r.hvp.params["a"], d["a"]) + r.hvp.params["c"] * d["c"])
     res = []
@@ -250,8 +275,14 @@ def test_hvp_taylor_third_order(tmp_path):
     rates = [np.log2(res[i] / res[i + 1]) for i in range(len(hs) - 1)]
     assert min(rates) > 2.8, (res, rates)
     # without the Hessian term only second order: the check has teeth
-    res2 = [abs(P.np_reference_J(s0, {"a": p["a"] + h * d["a"], "c": p["c"] + h * d["c"]}, N)
-                - r.value - h * gd) for h in hs]
+    res2 = [
+        abs(
+            P.np_reference_J(s0, {"a": p["a"] + h * d["a"], "c": p["c"] + h * d["c"]}, N)
+            - r.value
+            - h * gd
+        )
+        for h in hs
+    ]
     assert np.log2(res2[0] / res2[1]) < 2.2
 
 
@@ -263,8 +294,9 @@ def test_jvp_matches_gradient(schedule):
     sd = {"u": rng.standard_normal(P.M), "memo": np.zeros(P.M)}
     J, g = rh.value_and_grad(P.jax_step, P.JAX_LOSS, s0, p, N, schedule=schedule)
     t = rh.jvp(P.jax_step, s0, p, N, sd, pd, loss=P.JAX_LOSS)
-    expect = (np.dot(g.params["a"], pd["a"]) + g.params["c"] * pd["c"]
-              + np.dot(g.state0["u"], sd["u"]))
+    expect = (
+        np.dot(g.params["a"], pd["a"]) + g.params["c"] * pd["c"] + np.dot(g.state0["u"], sd["u"])
+    )
     assert t.value == pytest.approx(J, rel=1e-13)
     assert t.value_dot == pytest.approx(float(expect), rel=1e-11)
 
@@ -272,10 +304,14 @@ def test_jvp_matches_gradient(schedule):
 def test_numpy_step_jvp():
     step = rh.Step(
         forward=lambda n, u, a: u + 0.1 * np.sin(a * u),
-        vjp=lambda n, u, a, b: (b * (1 + 0.1 * a * np.cos(a * u)),
-                                np.sum(b * 0.1 * u * np.cos(a * u))),
-        jvp=lambda n, u, a, ud, ad: (u + 0.1 * np.sin(a * u),
-                                     ud + 0.1 * np.cos(a * u) * (a * ud + ad * u)),
+        vjp=lambda n, u, a, b: (
+            b * (1 + 0.1 * a * np.cos(a * u)),
+            np.sum(b * 0.1 * u * np.cos(a * u)),
+        ),
+        jvp=lambda n, u, a, ud, ad: (
+            u + 0.1 * np.sin(a * u),
+            ud + 0.1 * np.cos(a * u) * (a * ud + ad * u),
+        ),
     )
     u0 = np.linspace(0.2, 1.0, 4)
     t = rh.jvp(step, u0, 1.7, 15, np.zeros(4), 1.0)
@@ -336,8 +372,7 @@ def test_jax_step_is_traced_once():
 
     loss = rh.Final(lambda n, u, a: jnp.sum(u**2))
     rh.value_and_grad(step, loss, np.ones(3), 1.2, 17, schedule=rs.Revolve(3))
-    rh.value_and_grad(step, loss, np.ones(3), 1.5, 9, schedule=rs.Revolve(4),
-                      storage=rh.Disk())
+    rh.value_and_grad(step, loss, np.ones(3), 1.5, 9, schedule=rs.Revolve(4), storage=rh.Disk())
     assert len(traces) == 2  # one trace for forward, one for the VJP
 
 
@@ -386,8 +421,11 @@ def _weak_reference(kind, s0, p, n_steps):
     return jax.value_and_grad(J, argnums=(0, 1))(p, s0)
 
 
-WEAK_STATES = {"float": lambda: 0.7, "list": lambda: [0.7, -0.4],
-               "array": lambda: np.array([0.7, -0.4, 1.1])}
+WEAK_STATES = {
+    "float": lambda: 0.7,
+    "list": lambda: [0.7, -0.4],
+    "array": lambda: np.array([0.7, -0.4, 1.1]),
+}
 
 
 @pytest.mark.parametrize("x64", [False, True], ids=["float32", "x64"])
@@ -412,15 +450,16 @@ def test_jax_step_with_python_scalars_follows_jax_weak_types(x64, kind, state):
             assert J == pytest.approx(float(J_ref), rel=rtol)
             assert fp.value == pytest.approx(float(J_ref), rel=rtol)
             for got in (g, g2, jax.tree_util.tree_map(lambda x: x / 2, g3)):
-                assert jax.tree_util.tree_structure(got.params) == \
-                    jax.tree_util.tree_structure(p)
-                assert jax.tree_util.tree_structure(got.state0) == \
-                    jax.tree_util.tree_structure(s0)
-                for a, b in zip(jax.tree_util.tree_leaves((got.params, got.state0)),
-                                jax.tree_util.tree_leaves((gp_ref, gs_ref))):
+                assert jax.tree_util.tree_structure(got.params) == jax.tree_util.tree_structure(p)
+                assert jax.tree_util.tree_structure(got.state0) == jax.tree_util.tree_structure(s0)
+                for a, b in zip(
+                    jax.tree_util.tree_leaves((got.params, got.state0)),
+                    jax.tree_util.tree_leaves((gp_ref, gs_ref)),
+                ):
                     assert np.asarray(a).dtype == dtype
-                    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol,
-                                               atol=rtol * 1e-2)
+                    np.testing.assert_allclose(
+                        np.asarray(a), np.asarray(b), rtol=rtol, atol=rtol * 1e-2
+                    )
 
 
 @pytest.mark.parametrize("x64", [False, True], ids=["float32", "x64"])
@@ -442,8 +481,9 @@ def test_hvp_and_jvp_with_python_scalars(x64):
         hp = rh.hvp(_weak_step, loss, s0, p, n_steps, pd, sd, schedule=rs.Revolve(3))
         assert hp.value == pytest.approx(float(J_ref), rel=rtol)
         for got, ref in ((hp.grad, g_ref), (hp.hvp, dg_ref)):
-            for a, b in zip(jax.tree_util.tree_leaves((got.params, got.state0)),
-                            jax.tree_util.tree_leaves(ref)):
+            for a, b in zip(
+                jax.tree_util.tree_leaves((got.params, got.state0)), jax.tree_util.tree_leaves(ref)
+            ):
                 assert np.asarray(a).dtype == dtype
                 np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=rtol)
         t = rh.jvp(_weak_step, s0, p, n_steps, sd, pd, loss=loss)
@@ -470,12 +510,23 @@ def test_leaf_dtype_is_decided_as_jax_decides_it(x64):
     bits = 64 if x64 else 32
     with jax.enable_x64(x64):
         tree = {"f": 1.0, "i": 3, "z": 1j, "b": True, "a": np.zeros(2), "h": np.float16(1)}
-        want = {"f": f"float{bits}", "i": f"int{bits}", "z": f"complex{2 * bits}", "b": "bool",
-                "a": f"float{bits}", "h": "float16"}
+        want = {
+            "f": f"float{bits}",
+            "i": f"int{bits}",
+            "z": f"complex{2 * bits}",
+            "b": "bool",
+            "a": f"float{bits}",
+            "h": "float16",
+        }
         spec = TreeSpec(tree, "params", jax_step=True)
         assert [str(d) for d in spec.dtypes] == [want[k] for k in sorted(tree)]
         assert [str(d) for d in spec.cot_dtypes] == [
-            want[k] if k in "fzah" else f"float{bits}" for k in sorted(tree)]
+            want[k] if k in "fzah" else f"float{bits}" for k in sorted(tree)
+        ]
         # a NumPy step: NumPy's dtypes, x64 or not
         assert [str(dtype_of(x)) for x in (1.0, 3, 1j, np.zeros(2))] == [
-            "float64", "int64", "complex128", "float64"]
+            "float64",
+            "int64",
+            "complex128",
+            "float64",
+        ]

@@ -21,14 +21,17 @@ SCRIPT = Path(__file__).with_name("mpi_heat.py")
 
 def _launcher():
     if importlib.util.find_spec("mpi4py") is None:
-        pytest.skip("mpi4py is not installed (pip install -e '.[mpi]' after installing an MPI, "
-                    "e.g. apt-get install -y openmpi-bin libopenmpi-dev)")
+        pytest.skip(
+            "mpi4py is not installed (pip install -e '.[mpi]' after installing an MPI, "
+            "e.g. apt-get install -y openmpi-bin libopenmpi-dev)"
+        )
     exe = shutil.which("mpirun") or shutil.which("mpiexec")
     if exe is None:
         pytest.skip("no mpirun/mpiexec on PATH (apt-get install -y openmpi-bin libopenmpi-dev)")
     try:
-        version = subprocess.run([exe, "--version"], capture_output=True, text=True,
-                                 timeout=30).stdout
+        version = subprocess.run(
+            [exe, "--version"], capture_output=True, text=True, timeout=30
+        ).stdout
     except (OSError, subprocess.TimeoutExpired) as e:
         pytest.skip(f"{exe} --version failed: {e}")
     args = [exe, "-n", "2"]
@@ -45,8 +48,13 @@ def test_two_ranks_same_schedule_own_snapshots(tmp_path):
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
     env.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
-    proc = subprocess.run([*args, sys.executable, str(SCRIPT), str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [*args, sys.executable, str(SCRIPT), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "MPI OK 2" in proc.stdout, out[-4000:]

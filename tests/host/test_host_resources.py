@@ -170,7 +170,7 @@ def _gradient_peak(schedule, storage):
     try:
         base = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
-        J, g = rh.value_and_grad(step, loss, u0, q, 40, schedule=schedule, storage=storage)
+        _J, g = rh.value_and_grad(step, loss, u0, q, 40, schedule=schedule, storage=storage)
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
@@ -182,9 +182,12 @@ def test_peak_memory_is_the_ram_slots_plus_two_states_plus_the_gradient(case, tm
     if case == "ram":
         schedule, storage, ram = rs.Revolve(6), rh.Memory(), 6
     else:
-        schedule = rs.MultiLevel([rs.Level(2, name="memory"),
-                                  rs.Level(8, write_cost=1.0, read_cost=1.0, name="disk",
-                                           storage="disk")])
+        schedule = rs.MultiLevel(
+            [
+                rs.Level(2, name="memory"),
+                rs.Level(8, write_cost=1.0, read_cost=1.0, name="disk", storage="disk"),
+            ]
+        )
         storage, ram = {"memory": rh.Memory(), "disk": rh.Disk(tmp_path)}, 2
     assert sum(schedule.max_slots(40)[:1]) == ram
     peak, g = _gradient_peak(schedule, storage)

@@ -50,9 +50,13 @@ CHILD = textwrap.dedent("""
 def _start_child(tmp_path, handler="default"):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     with _signals.defaults():
-        proc = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path), handler],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(tmp_path), handler],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
     line = proc.stdout.readline()
     if line.strip() != "READY":
         proc.kill()
@@ -87,8 +91,9 @@ def test_sigkill_leaves_a_directory_that_clean_removes(tmp_path, capsys):
     owner = json.loads((sub / "owner").read_text())
     assert owner["pid"] == proc.pid
     # a directory of a running process, of another host, and one without an owner are kept
-    with rh.forward(lambda n, u, a: u * a, np.ones(2), 1.0, 3, schedule=rs.StoreAll(),
-                    storage=rh.Disk(tmp_path)) as fp:
+    with rh.forward(
+        lambda n, u, a: u * a, np.ones(2), 1.0, 3, schedule=rs.StoreAll(), storage=rh.Disk(tmp_path)
+    ) as fp:
         (live,) = [d for d in tmp_path.iterdir() if d != sub]
         other = tmp_path / "retrograde-p1-other"
         other.mkdir()
@@ -96,8 +101,12 @@ def test_sigkill_leaves_a_directory_that_clean_removes(tmp_path, capsys):
         bare = tmp_path / "retrograde-bare"
         bare.mkdir()
         seen = {d.path: d.action for d in rh.remove_stale(tmp_path, dry_run=True)}
-        assert seen == {str(sub): "stale", str(live): "running", str(other): "other host",
-                        str(bare): "no owner record"}
+        assert seen == {
+            str(sub): "stale",
+            str(live): "running",
+            str(other): "other host",
+            str(bare): "no owner record",
+        }
         assert sub.is_dir()
         assert main(["clean", str(tmp_path)]) == 0
         out = capsys.readouterr().out
@@ -112,8 +121,9 @@ def test_handlers_installed_only_during_a_disk_run_and_restored(tmp_path):
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     with rh.forward(lambda n, u, a: u * a, np.ones(2), 1.0, 3, schedule=rs.StoreAll()):
         assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]  # RAM only
-    with rh.forward(lambda n, u, a: u * a, np.ones(2), 1.0, 3, schedule=rs.StoreAll(),
-                    storage=rh.Disk(tmp_path)):
+    with rh.forward(
+        lambda n, u, a: u * a, np.ones(2), 1.0, 3, schedule=rs.StoreAll(), storage=rh.Disk(tmp_path)
+    ):
         assert signal.getsignal(signal.SIGTERM) is _cleanup.on_signal
         assert signal.getsignal(signal.SIGHUP) is _cleanup.on_signal
     assert {s: signal.getsignal(s) for s in before} == before
@@ -132,8 +142,9 @@ def test_a_python_handler_that_returns_lets_the_run_go_on(tmp_path):
     try:
         step = rh.Step(fwd, lambda n, u, a, b: (b * a, float(np.sum(b * u))))
         loss = rh.Final(lambda n, u, a: float(np.sum(u)), grad=lambda n, u, a: (np.ones(2), 0.0))
-        J, g = rh.value_and_grad(step, loss, np.ones(2), 1.1, 6, schedule=rs.Revolve(2),
-                                 storage=rh.Disk(tmp_path))
+        J, _g = rh.value_and_grad(
+            step, loss, np.ones(2), 1.1, 6, schedule=rs.Revolve(2), storage=rh.Disk(tmp_path)
+        )
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert seen == [signal.SIGTERM]
@@ -148,8 +159,14 @@ def test_disk_run_in_a_thread(tmp_path):
     out = []
 
     def run():
-        with rh.forward(lambda n, u, a: u * a, np.ones(2), 1.0, 3, schedule=rs.StoreAll(),
-                        storage=rh.Disk(tmp_path)) as fp:
+        with rh.forward(
+            lambda n, u, a: u * a,
+            np.ones(2),
+            1.0,
+            3,
+            schedule=rs.StoreAll(),
+            storage=rh.Disk(tmp_path),
+        ) as fp:
             out.append(signal.getsignal(signal.SIGTERM))
             out.append(fp.vjp(np.ones(2)))
 
@@ -185,8 +202,9 @@ def test_a_forked_child_leaves_the_parents_snapshots_alone(tmp_path):
 
     step = rh.Step(fwd, lambda n, u, a, b: (b * a, float(np.sum(b * u))))
     loss = rh.Final(lambda n, u, a: float(np.sum(u)), grad=lambda n, u, a: (np.ones(2), 0.0))
-    J, g = rh.value_and_grad(step, loss, np.ones(2), 1.1, 6, schedule=rs.Revolve(2),
-                             storage=rh.Disk(tmp_path))
+    _J, g = rh.value_and_grad(
+        step, loss, np.ones(2), 1.1, 6, schedule=rs.Revolve(2), storage=rh.Disk(tmp_path)
+    )
     assert os.WIFSIGNALED(status[0]) and os.WTERMSIG(status[0]) == signal.SIGTERM
     assert os.WIFEXITED(status[1])
     assert g.params == pytest.approx(2 * 6 * 1.1**5)

@@ -99,7 +99,7 @@ def make_step(p):
         phase = jnp.where(n % 2 == 0, 1.0, -0.5)  # the int counter enters the step
         h = jnp.tanh(p["W"] @ u + x["b"]) * x["a"]
         u_new = u + DT * (h - 0.3 * u * v0 + phase * 0.05 * jnp.sin(jnp.sum(v1)))
-        v0_new = v0 + DT * (p["c"] * jnp.cos(u[0]) - 0.5 * v0 ** 3)
+        v0_new = v0 + DT * (p["c"] * jnp.cos(u[0]) - 0.5 * v0**3)
         v1_new = v1 + DT * jnp.sin(v1[::-1] * p["c"] + u[:2]) * 0.5
         y = (jnp.sum(u_new * u_new) * v0_new, jnp.exp(-0.5 * u_new) * x["a"])
         return {"u": u_new, "v": (v0_new, v1_new), "n": n + 1}, y
@@ -121,7 +121,7 @@ def loss(scan, p, c0, xs_):
         + carry["v"][0] ** 2
         + jnp.sum(jnp.cos(carry["v"][1]))
         + 0.1 * jnp.sum(y0)
-        + 0.01 * jnp.sum(w * y1 ** 2)
+        + 0.01 * jnp.sum(w * y1**2)
         + 0.0 * carry["n"]
     )
 
@@ -172,7 +172,7 @@ def small_step(p):
     def step(carry, x):
         u, k = carry["u"], carry["k"]
         s = jnp.where(k % 2 == 0, 1.0, 0.5)
-        u_new = u + DT * (jnp.sin(p["a"] * u[::-1]) * x + s * p["b"] * u ** 2 - 0.2 * u ** 3)
+        u_new = u + DT * (jnp.sin(p["a"] * u[::-1]) * x + s * p["b"] * u**2 - 0.2 * u**3)
         return {"u": u_new, "k": k + 1}, {"e": jnp.sum(u_new) ** 2 * x, "f": u_new * p["b"]}
 
     return step
@@ -181,8 +181,4 @@ def small_step(p):
 def small_loss(scan, p, u0, xs_):
     """Scalar function of the loop's float outputs, of the parameters ``p``, ``u0`` and ``xs``."""
     carry, ys = scan(small_step(p), {"u": u0, "k": jnp.int32(0)}, xs_)
-    return (
-        jnp.sum(carry["u"] ** 3)
-        + 0.3 * jnp.sum(ys["e"])
-        + jnp.sum(jnp.cos(ys["f"]))
-    )
+    return jnp.sum(carry["u"] ** 3) + 0.3 * jnp.sum(ys["e"]) + jnp.sum(jnp.cos(ys["f"]))

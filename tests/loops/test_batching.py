@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import retrograde
-from retrograde.schedules import Online, Revolve
+from retrograde.schedules import Revolve
 
 from ._problems import assert_close
 
@@ -30,7 +30,7 @@ def _shared_weight_loss(scan, w, u0):
         return jnp.tanh(w @ u) + 0.1 * x, jnp.sum(u)
 
     u, ys = scan(step, u0, jnp.linspace(0.0, 1.0, N))
-    return jnp.sum(u ** 2) + jnp.sum(ys)
+    return jnp.sum(u**2) + jnp.sum(ys)
 
 
 def test_unbatched_weight_stays_unbatched():
@@ -47,8 +47,9 @@ def test_unbatched_weight_stays_unbatched():
 
     assert temp(_ours()) <= 1.2 * temp(jax.lax.scan) + 4 * 8 * b * d
     for argnums in (0, 1):
-        g = lambda scan: jax.vmap(jax.grad(functools.partial(_shared_weight_loss, scan),
-                                           argnums=argnums), (None, 0))(w, u0s)
+        g = lambda scan: jax.vmap(
+            jax.grad(functools.partial(_shared_weight_loss, scan), argnums=argnums), (None, 0)
+        )(w, u0s)
         assert_close(g(_ours()), g(jax.lax.scan), 1e-12)
 
 
@@ -62,14 +63,18 @@ def _mixed(scan, c, u0, v0, xs):
     return scan(step, (u0, v0, jnp.float64(2.0)), xs)
 
 
-@pytest.mark.parametrize("in_axes", [(None, 0, None, None), (0, None, None, None),
-                                     (None, None, None, 1), (None, 1, 0, None)])
+@pytest.mark.parametrize(
+    "in_axes",
+    [(None, 0, None, None), (0, None, None, None), (None, None, None, 1), (None, 1, 0, None)],
+)
 def test_mixed_batching_matches_lax(in_axes):
     c, u0, v0 = jnp.float64(0.3), jnp.ones(3), jnp.float64(0.5)
     xs = jnp.linspace(0.0, 1.0, N * 3).reshape(N, 3)
     args = [c, u0, v0, xs]
-    args = [jnp.stack([a * (1 + 0.1 * i) for i in range(4)], axis=ax) if ax is not None else a
-            for a, ax in zip(args, in_axes)]
+    args = [
+        jnp.stack([a * (1 + 0.1 * i) for i in range(4)], axis=ax) if ax is not None else a
+        for a, ax in zip(args, in_axes)
+    ]
     ours = jax.vmap(functools.partial(_mixed, _ours()), in_axes)(*args)
     ref = jax.vmap(functools.partial(_mixed, jax.lax.scan), in_axes)(*args)
     assert_close(ours, ref, 1e-12)
@@ -93,9 +98,12 @@ def test_unchanged_carry_leaf_stays_unbatched():
 
     k, u = jax.vmap(functools.partial(f, _ours()), out_axes=(None, 0))(xs)
     assert k == 2.0 and u.shape == (5,)
-    w = jax.vmap(lambda x: retrograde.while_loop(lambda c: c[0] < 4, lambda c: (c[0] + 1, c[1],
-                                                                                c[2] + x), (0, 3.0, x)),
-                 out_axes=(None, None, 0))(jnp.arange(3.0))
+    w = jax.vmap(
+        lambda x: retrograde.while_loop(
+            lambda c: c[0] < 4, lambda c: (c[0] + 1, c[1], c[2] + x), (0, 3.0, x)
+        ),
+        out_axes=(None, None, 0),
+    )(jnp.arange(3.0))
     assert w[1] == 3.0
 
 
@@ -112,20 +120,23 @@ def test_axis_name_binds_in_step_and_predicate():
     ours = jax.vmap(functools.partial(scan_psum, _ours()), axis_name="i")(xs)
     ref = jax.vmap(functools.partial(scan_psum, jax.lax.scan), axis_name="i")(xs)
     assert_close(ours, ref, 1e-12)
-    g = lambda scan: jax.grad(lambda x: jnp.sum(jax.vmap(functools.partial(scan_psum, scan),
-                                                         axis_name="i")(x)[0]))
+    g = lambda scan: jax.grad(
+        lambda x: jnp.sum(jax.vmap(functools.partial(scan_psum, scan), axis_name="i")(x)[0])
+    )
     assert_close(g(_ours())(xs), g(jax.lax.scan)(xs), 1e-12)
 
     def run(loop, u):
-        return loop(lambda c: c[0] < 3 + jax.lax.axis_index("i"),
-                    lambda c: (c[0] + 1, c[1] * 1.5), (0, u))[1]
+        return loop(
+            lambda c: c[0] < 3 + jax.lax.axis_index("i"), lambda c: (c[0] + 1, c[1] * 1.5), (0, u)
+        )[1]
 
     u = jnp.arange(1.0, 5.0)
     ours = jax.vmap(lambda u: run(retrograde.while_loop, u), axis_name="i")(u)
     ref = jax.vmap(lambda u: run(jax.lax.while_loop, u), axis_name="i")(u)
     assert_close(ours, ref, 1e-12)
-    grad = jax.grad(lambda u: jnp.sum(jax.vmap(lambda v: run(retrograde.while_loop, v),
-                                               axis_name="i")(u) ** 2))(u)
+    grad = jax.grad(
+        lambda u: jnp.sum(jax.vmap(lambda v: run(retrograde.while_loop, v), axis_name="i")(u) ** 2)
+    )(u)
     assert_close(grad, 2 * ref * 1.5 ** (3 + np.arange(4)), 1e-12)
 
 
@@ -150,8 +161,11 @@ def test_axis_name_binds_without_batched_inputs():
         return scan(step, 1.0, None, length=N)[0]
 
     for f in (scan_named, lambda scan, w: jax.grad(functools.partial(scan_named, scan))(w)):
-        assert_close(batch(functools.partial(f, _ours()))(jnp.zeros(3), 0.7),
-                     batch(functools.partial(f, jax.lax.scan))(jnp.zeros(3), 0.7), 1e-12)
+        assert_close(
+            batch(functools.partial(f, _ours()))(jnp.zeros(3), 0.7),
+            batch(functools.partial(f, jax.lax.scan))(jnp.zeros(3), 0.7),
+            1e-12,
+        )
 
 
 def test_vmap_of_vmap_and_of_higher_derivatives():
@@ -161,14 +175,19 @@ def test_vmap_of_vmap_and_of_higher_derivatives():
     def loss(scan, w, u):
         return _shared_weight_loss(scan, w, u)
 
-    for fun in (lambda scan: jax.vmap(jax.vmap(functools.partial(loss, scan, w))),
-                lambda scan: jax.vmap(jax.vmap(jax.grad(functools.partial(loss, scan, w)))),
-                lambda scan: jax.vmap(jax.vmap(jax.hessian(functools.partial(loss, scan, w))))):
+    for fun in (
+        lambda scan: jax.vmap(jax.vmap(functools.partial(loss, scan, w))),
+        lambda scan: jax.vmap(jax.vmap(jax.grad(functools.partial(loss, scan, w)))),
+        lambda scan: jax.vmap(jax.vmap(jax.hessian(functools.partial(loss, scan, w)))),
+    ):
         # Jitted: eagerly, each primitive of the batched derivative compiles on its own.
         assert_close(jax.jit(fun(_ours()))(u0), jax.jit(fun(jax.lax.scan))(u0), 1e-11)
     # Per-example Hessian-vector products with respect to the shared weight.
-    hvp = lambda scan: jax.jit(jax.vmap(lambda u: jax.jvp(jax.grad(lambda w: loss(scan, w, u)),
-                                                          (w,), (jnp.ones_like(w),))[1]))
+    hvp = lambda scan: jax.jit(
+        jax.vmap(
+            lambda u: jax.jvp(jax.grad(lambda w: loss(scan, w, u)), (w,), (jnp.ones_like(w),))[1]
+        )
+    )
     assert_close(hvp(_ours())(u0[0]), hvp(jax.lax.scan)(u0[0]), 1e-11)
 
 
@@ -177,16 +196,18 @@ def test_read_only_leaf_is_forwarded():
     around the loop forwards it and a batched predicate leaves it unbatched (JAX's
     test_scan_readonly_carry_optimization); its gradient is the identity's."""
     loops = {
-        "scan": lambda y: _ours()(lambda c, _: ((c[0], c[1] * 2.0), None), (y, y), None,
-                                  length=3)[0],
-        "while": lambda y: retrograde.while_loop(lambda c: c[1] < 10.0,
-                                                 lambda c: (c[0], c[1] * 2.0), (y, y)),
+        "scan": lambda y: _ours()(lambda c, _: ((c[0], c[1] * 2.0), None), (y, y), None, length=3)[
+            0
+        ],
+        "while": lambda y: retrograde.while_loop(
+            lambda c: c[1] < 10.0, lambda c: (c[0], c[1] * 2.0), (y, y)
+        ),
     }
     for loop, doublings in zip(loops.values(), (3, 2)):  # while: 3 -> 6 -> 12
         f = lambda x, y: jax.lax.cond(x < 0, lambda y: loop(y)[0], lambda y: loop(y)[0], y)
         assert_close(jax.vmap(f, (0, None), None)(jnp.arange(3.0), 3.0), 3.0, 0)
         grad = jax.grad(lambda y: loop(y)[0] + loop(y)[1])(3.0)
-        assert_close(grad, 1.0 + 2.0 ** doublings, 1e-12)
+        assert_close(grad, 1.0 + 2.0**doublings, 1e-12)
 
 
 def test_while_read_only_leaf_stays_unbatched():
@@ -197,25 +218,30 @@ def test_while_read_only_leaf_stays_unbatched():
     xs, limits = jnp.linspace(0.1, 0.8, 8).reshape(4, 2), jnp.arange(4)
 
     def run(loop, w, x, limit):
-        _, x, w = loop(lambda c: c[0] < limit, lambda c: (c[0] + 1, jnp.tanh(c[1] @ c[2]), c[2]),
-                       (0, x, w))
+        _, x, w = loop(
+            lambda c: c[0] < limit, lambda c: (c[0] + 1, jnp.tanh(c[1] @ c[2]), c[2]), (0, x, w)
+        )
         return w, x
 
-    batch = lambda loop: jax.vmap(functools.partial(run, loop), in_axes=(None, 0, 0),
-                                  out_axes=(None, 0))
-    assert_close(batch(retrograde.while_loop)(w, xs, limits),
-                 batch(jax.lax.while_loop)(w, xs, limits), 1e-12)
+    batch = lambda loop: jax.vmap(
+        functools.partial(run, loop), in_axes=(None, 0, 0), out_axes=(None, 0)
+    )
+    assert_close(
+        batch(retrograde.while_loop)(w, xs, limits), batch(jax.lax.while_loop)(w, xs, limits), 1e-12
+    )
     loss = lambda loop: lambda w: jnp.sum(batch(loop)(w, xs, limits)[1] ** 2)
-    assert_close(jax.grad(loss(retrograde.while_loop))(w), jax.jacfwd(loss(jax.lax.while_loop))(w),
-                 1e-12)
+    assert_close(
+        jax.grad(loss(retrograde.while_loop))(w), jax.jacfwd(loss(jax.lax.while_loop))(w), 1e-12
+    )
 
 
 def test_while_batched_predicate_mixes():
     """A predicate batched through one carry leaf; another leaf unbatched until the guard."""
 
     def run(loop, limit, scale):
-        return loop(lambda c: c[0] < limit, lambda c: (c[0] + 1, c[1] * scale, c[2] + 1.0),
-                    (0, 1.0, 0.0))
+        return loop(
+            lambda c: c[0] < limit, lambda c: (c[0] + 1, c[1] * scale, c[2] + 1.0), (0, 1.0, 0.0)
+        )
 
     limits = jnp.array([2, 5, 3])
     for in_axes, args in (((0, None), (limits, 1.1)), ((None, 0), (4, jnp.array([1.1, 0.9])))):

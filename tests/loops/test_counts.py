@@ -28,7 +28,7 @@ def _loss(schedule, n, theta, u0):
         return u + 0.1 * jnp.sin(theta * u) * x, jnp.sum(u)
 
     u, ys = retrograde.scan(step, u0, jnp.linspace(0.5, 1.5, n), schedule=schedule)
-    return jnp.sum(u ** 2) + jnp.sum(ys)
+    return jnp.sum(u**2) + jnp.sum(ys)
 
 
 def _count(fun, *args) -> int:
@@ -83,8 +83,7 @@ def test_hvp_count(schedule):
     sweep of the augmented step from those snapshots, whose tangent half is the gradient. No
     sweep of its own for the gradient, no forward sweep of the augmented step's own."""
     L = functools.partial(_loss, schedule, N)
-    hvp = jax.jit(lambda th, u0: jax.jvp(jax.grad(L, argnums=(0, 1)), (th, u0),
-                                         (1.0, jnp.ones(3))))
+    hvp = jax.jit(lambda th, u0: jax.jvp(jax.grad(L, argnums=(0, 1)), (th, u0), (1.0, jnp.ones(3))))
     assert _count(hvp, *ARGS) == rs.simulate(schedule, N).plain + 1 + 2 * N
 
 

@@ -68,7 +68,7 @@ def test_bad_length(length):
     ids=lambda s: type(s).__name__,
 )
 def test_online_schedule_is_rejected(schedule):
-    with pytest.raises(ValueError, match="online schedule.*offline schedule"):
+    with pytest.raises(ValueError, match=r"online schedule.*offline schedule"):
         retrograde.scan(_step, jnp.ones(2), length=3, schedule=schedule)
     with pytest.raises(ValueError, match="offline schedule"):
         retrograde.fori_loop(0, 3, lambda i, v: v, jnp.ones(2), schedule=schedule)
@@ -81,20 +81,22 @@ def test_non_schedule(schedule):
 
 
 def test_carry_changes_shape():
-    with pytest.raises(TypeError, match=r"c\['u'\] goes in as float64\[2\] and comes out as "
-                                        r"float64\[3\] \(the shapes differ\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"c\['u'\] goes in as float64\[2\] and comes out as "
+        r"float64\[3\] \(the shapes differ\)",
+    ):
         retrograde.scan(lambda c, x: ({"u": jnp.ones(3)}, None), {"u": jnp.ones(2)}, length=3)
 
 
 def test_carry_changes_dtype():
     with pytest.raises(TypeError, match=r"c goes in as int32\[2\] and comes out as float64\[2\]"):
-        retrograde.scan(
-            lambda c, x: (c * jnp.float64(1.5), None), jnp.ones(2, jnp.int32), length=3
-        )
+        retrograde.scan(lambda c, x: (c * jnp.float64(1.5), None), jnp.ones(2, jnp.int32), length=3)
     with pytest.raises(TypeError, match=r"c\[1\] goes in as float32\[2\] .* float64\[2\]"):
         retrograde.scan(
             lambda c, x: ((c[0], c[1].astype(jnp.float64)), None),
-            (jnp.ones(2), jnp.ones(2, jnp.float32)), length=3,
+            (jnp.ones(2), jnp.ones(2, jnp.float32)),
+            length=3,
         )
 
 
@@ -102,8 +104,9 @@ def test_narrower_dtype_is_not_cast_back():
     """A float32 result for a float64 carry leaf is an error, as in jax.lax.scan (it used to be
     cast back silently)."""
     with pytest.raises(TypeError, match=r"carry\['u'\] goes in as float64\[\] .* float32\[\]"):
-        retrograde.scan(lambda carry, x: ({"u": x}, None), {"u": jnp.float64(0.0)},
-                        jnp.ones(3, jnp.float32))
+        retrograde.scan(
+            lambda carry, x: ({"u": x}, None), {"u": jnp.float64(0.0)}, jnp.ones(3, jnp.float32)
+        )
 
 
 def test_int_carry_weak_float_update():
@@ -114,12 +117,18 @@ def test_int_carry_weak_float_update():
 
 
 def test_carry_changes_structure():
-    with pytest.raises(TypeError, match=r"same pytree structure.*c is an array in the input carry but a tuple"):
+    with pytest.raises(
+        TypeError, match=r"same pytree structure.*c is an array in the input carry but a tuple"
+    ):
         retrograde.scan(lambda c, x: ((c, c), None), jnp.ones(2), length=3)
-    with pytest.raises(TypeError, match=r"c\['a'\] is a dict with children \['u'\] in the input "
-                                        r"carry but a dict with children \['u'\], \['v'\]"):
-        retrograde.scan(lambda c, x: ({"a": {"u": 1.0, "v": 2.0}}, None),
-                        {"a": {"u": 0.0}}, length=3)
+    with pytest.raises(
+        TypeError,
+        match=r"c\['a'\] is a dict with children \['u'\] in the input "
+        r"carry but a dict with children \['u'\], \['v'\]",
+    ):
+        retrograde.scan(
+            lambda c, x: ({"a": {"u": 1.0, "v": 2.0}}, None), {"a": {"u": 0.0}}, length=3
+        )
 
 
 def test_step_must_return_a_pair():
@@ -134,19 +143,22 @@ def test_step_must_be_callable():
 
 def test_fori_loop_traced_bounds_need_an_online_schedule():
     def f(n):
-        return retrograde.fori_loop(0, n, lambda i, v: v * 2.0, jnp.ones(2),
-                                    schedule=rs.Revolve(3))
+        return retrograde.fori_loop(0, n, lambda i, v: v * 2.0, jnp.ones(2), schedule=rs.Revolve(3))
 
     with pytest.raises(ValueError, match=r"traced bounds.*online schedule.*Revolve"):
         jax.jit(f)(3)
 
 
-@pytest.mark.parametrize("bounds,match", [
-    ((0.0, 3), r"equal dtypes"),  # a float and an int bound: jax.lax refuses them too
-    ((0, "3"), r"upper must be a real scalar"),
-    ((0, True), r"upper must be a real scalar"),
-    ((jnp.zeros(2, int), 3), r"lower must be a real scalar"),
-], ids=["float_and_int", "str", "bool", "vector"])
+@pytest.mark.parametrize(
+    "bounds,match",
+    [
+        ((0.0, 3), r"equal dtypes"),  # a float and an int bound: jax.lax refuses them too
+        ((0, "3"), r"upper must be a real scalar"),
+        ((0, True), r"upper must be a real scalar"),
+        ((jnp.zeros(2, int), 3), r"lower must be a real scalar"),
+    ],
+    ids=["float_and_int", "str", "bool", "vector"],
+)
 def test_fori_loop_bad_bounds(bounds, match):
     with pytest.raises(TypeError, match=match):
         retrograde.fori_loop(*bounds, lambda i, v: v, jnp.ones(2))
@@ -159,8 +171,9 @@ def test_fori_loop_bounds_of_different_dtypes():
 
 def test_fori_loop_names_the_val_leaf():
     with pytest.raises(TypeError, match=r"retrograde.fori_loop: body_fun .* state\['u'\] goes in"):
-        retrograde.fori_loop(0, 3, lambda i, state: {"u": state["u"].astype(jnp.float32)},
-                             {"u": jnp.ones(2)})
+        retrograde.fori_loop(
+            0, 3, lambda i, state: {"u": state["u"].astype(jnp.float32)}, {"u": jnp.ones(2)}
+        )
 
 
 def test_weak_typed_carry_update_is_accepted():

@@ -47,7 +47,8 @@ def _all_orders(scan):
         hvp_u = lambda u: jax.jvp(lambda v: jax.grad(L, argnums=1)(p, v, xs), (u,), (du,))
         out["jvp_jvp_grad"] = jax.jvp(lambda u: hvp_u(u)[1], (u0,), (du[::-1],))
         out["grad_checkpoint_hvp"] = jax.grad(
-            jax.checkpoint(lambda u: jnp.sum(jnp.sin(hvp_u(u)[0] * hvp_u(u)[1]))))(u0)
+            jax.checkpoint(lambda u: jnp.sum(jnp.sin(hvp_u(u)[0] * hvp_u(u)[1])))
+        )(u0)
         # vmap of HVPs over a batch of directions in u0.
         dus = jnp.stack([du, 2.0 * du[::-1], jnp.ones_like(du)])
         out["vmap_hvp"] = jax.vmap(
@@ -128,10 +129,10 @@ def _nested_loss(scan, theta):
             return v + 0.1 * jnp.tanh(theta * v * x + z), jnp.sum(v)
 
         v, ys = scan(inner, u, jnp.linspace(0.0, 0.3, 3) * x)
-        return v, jnp.sum(ys ** 2)
+        return v, jnp.sum(ys**2)
 
     u, ys = scan(outer, jnp.array([0.3, -0.2]), jnp.linspace(0.5, 1.5, 4))
-    return jnp.sum(u ** 2) + jnp.sum(ys)
+    return jnp.sum(u**2) + jnp.sum(ys)
 
 
 def test_nested_hessian_and_grad_grad():
@@ -179,7 +180,7 @@ def test_taylor_remainders():
     hs = 1e-2 * 2.0 ** -np.arange(5)
     js = np.array([float(shifted(h)) for h in hs])
     r1 = np.abs(js - j0 - hs * gd)
-    r2 = np.abs(js - j0 - hs * gd - 0.5 * hs ** 2 * dhd)
+    r2 = np.abs(js - j0 - hs * gd - 0.5 * hs**2 * dhd)
     s1, s2 = _slope(hs, r1), _slope(hs, r2)
     assert abs(s1 - 2.0) <= 0.2, (s1, r1)
     assert abs(s2 - 3.0) <= 0.2, (s2, r2)
@@ -223,11 +224,14 @@ def test_derivatives_of_a_pruned_adjoint():
         flat = jcore.jaxpr_as_fun(jcore.ClosedJaxpr(jaxpr, closed.consts))
         g = lambda p: flat(*jax.tree_util.tree_leaves(p))
         # Jitted (one compile; eagerly, each primitive of the derivatives compiles on its own).
-        return jax.jit(lambda p: {
-            "grad": jax.grad(lambda p: sum(jnp.sum(v ** 2) for v in g(p)))(p),
-            "jvp": jax.jvp(g, (p,), (dp,))[1],
-            "vmap": jax.vmap(lambda s: g(jax.tree_util.tree_map(lambda v: s * v, p)))(
-                jnp.array([0.5, 1.0])),
-        })(p)
+        return jax.jit(
+            lambda p: {
+                "grad": jax.grad(lambda p: sum(jnp.sum(v**2) for v in g(p)))(p),
+                "jvp": jax.jvp(g, (p,), (dp,))[1],
+                "vmap": jax.vmap(lambda s: g(jax.tree_util.tree_map(lambda v: s * v, p)))(
+                    jnp.array([0.5, 1.0])
+                ),
+            }
+        )(p)
 
     _check(program(P.rscan(rs.Revolve(2)), check_pruned=True), program(P.lax_scan))

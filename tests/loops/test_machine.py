@@ -16,17 +16,35 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-from retrograde.loops import _machine as M
 from retrograde.loops import _binomial as B
+from retrograde.loops import _machine as M
 from retrograde.loops import _offload
 from retrograde.loops._binomial import COST_CAP, _optimum_table, optimum
-from retrograde.loops._sources import RowSource
 from retrograde.loops._placement import store_slot
+from retrograde.loops._sources import RowSource
 from retrograde.loops._tables import tables_for
 from retrograde.schedules import (
-    largest_split, online_decisions, online_store_slot, online_targets, thinning_slot,
-    Advance, End, Free, Level, Online, Periodic, RecomputeAll, Record, Restore, Revolve,
-    StoreAll, Store, default_schedule, execute, revolve_optimum, simulate,
+    Advance,
+    End,
+    Free,
+    Level,
+    Online,
+    Periodic,
+    RecomputeAll,
+    Record,
+    Restore,
+    Revolve,
+    Store,
+    StoreAll,
+    default_schedule,
+    execute,
+    largest_split,
+    online_decisions,
+    online_store_slot,
+    online_targets,
+    revolve_optimum,
+    simulate,
+    thinning_slot,
 )
 from retrograde.schedules._optimum import beta, repetition
 
@@ -46,8 +64,12 @@ def _run(n_slots, steps, slots, n_held, n, at_hand, with_pairs=False):
     def one(c):
         st, acts, idxs, i = c
         st, a = M.step(st, with_pairs)
-        return (st, acts.at[i].set(jnp.stack(a)), idxs.at[i].set(M.leaf_slots(st, with_pairs)),
-                i + 1)
+        return (
+            st,
+            acts.at[i].set(jnp.stack(a)),
+            idxs.at[i].set(M.leaf_slots(st, with_pairs)),
+            i + 1,
+        )
 
     _, acts, idxs, count = jax.lax.while_loop(go, one, (state, acts, idxs, jnp.int32(0)))
     return acts, idxs, count
@@ -101,8 +123,9 @@ def machine_stats(n, n_slots, held, at_hand, with_pairs=False):
     pad = n_slots - len(pairs)
     steps = jnp.asarray([p for p, _ in pairs] + [0] * pad, jnp.int32)
     slots = jnp.asarray([k for _, k in pairs] + [0] * pad, jnp.int32)
-    acts, idxs, count = (np.asarray(v) for v in _run(n_slots, steps, slots, len(pairs), n,
-                                                     at_hand, with_pairs))
+    acts, idxs, count = (
+        np.asarray(v) for v in _run(n_slots, steps, slots, len(pairs), n, at_hand, with_pairs)
+    )
     assert count < CAPACITY
     forward, at = [], 0
     for p, k in pairs:
@@ -114,12 +137,22 @@ def machine_stats(n, n_slots, held, at_hand, with_pairs=False):
     if n and at < end:
         forward.append(Advance(at, end))
     start = dict((k, p) for p, k in pairs)
-    return execute(forward + expand(acts[:count], idxs[:count], start), n,
-                   (Level(n_slots),)), int(count)
+    return execute(forward + expand(acts[:count], idxs[:count], start), n, (Level(n_slots),)), int(
+        count
+    )
 
 
-SCHEDULES = [Revolve(1), Revolve(2), Revolve(3), Revolve(5), Revolve(16), StoreAll(),
-             RecomputeAll(), Periodic(3), Periodic(7)]
+SCHEDULES = [
+    Revolve(1),
+    Revolve(2),
+    Revolve(3),
+    Revolve(5),
+    Revolve(16),
+    StoreAll(),
+    RecomputeAll(),
+    Periodic(3),
+    Periodic(7),
+]
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=repr)
@@ -178,9 +211,12 @@ def test_pairs_leaves_take_runs_of_two_step_segments():
 
 
 @settings(max_examples=40, deadline=None)
-@given(hst.sampled_from([6, 12]), hst.lists(hst.sampled_from([1, 2, 2, 2, 3, 5, 9]),
-                                           min_size=1, max_size=12),
-       hst.booleans(), hst.randoms())
+@given(
+    hst.sampled_from([6, 12]),
+    hst.lists(hst.sampled_from([1, 2, 2, 2, 3, 5, 9]), min_size=1, max_size=12),
+    hst.booleans(),
+    hst.randoms(),
+)
 def test_pairs_leaves_from_any_held_snapshots(n_slots, lengths, at_hand, rnd):
     """From any held snapshots (segments of random lengths, many of two steps, in any slots,
     any number of free slots), ``PAIRS`` leaves make exactly the evaluations of the machine
@@ -218,8 +254,13 @@ def _run_segments(n_device, held, n):
     def one(c):
         st, acts, idxs, i, _ = c
         st, a = source.step(st)
-        return st, acts.at[i].set(jnp.stack(a)), idxs.at[i].set(source.leaf_slots(st)), i + 1, \
-            a.kind
+        return (
+            st,
+            acts.at[i].set(jnp.stack(a)),
+            idxs.at[i].set(source.leaf_slots(st)),
+            i + 1,
+            a.kind,
+        )
 
     init = (source.state, acts, idxs, jnp.int32(0), jnp.int32(M.MOVE))
     _, acts, idxs, count, _ = jax.lax.while_loop(go, one, init)
@@ -241,8 +282,9 @@ def test_segments_reverse_as_the_two_level_schedule(d, h):
             if k >= 0:
                 held[k] = step
         forward = list(sched.start().forward(lambda step: step < n))
-        acts, idxs, count = (np.asarray(v) for v in _run_segments(d, jnp.asarray(held, jnp.int32),
-                                                                  n))
+        acts, idxs, count = (
+            np.asarray(v) for v in _run_segments(d, jnp.asarray(held, jnp.int32), n)
+        )
         assert 0 < count < CAPACITY and acts[count - 1, 0] == M.DONE
         got = execute(forward + expand(acts[:count], idxs[:count], {}, far=d), n, sched.levels)
         want = simulate(sched, n)
@@ -304,8 +346,11 @@ def test_placement_matches_online_rule(s, steps):
 
 def test_optimum_elementwise_matches_closed_form():
     """The vectorised in-graph Revolve optimum, against the Python closed form (saturating)."""
-    pairs = [(n, s) for n in (0, 1, 2, 3, 7, 50, 400, 5000, 46341, 46342, 10**6)
-             for s in (1, 2, 3, 9, 40, 90)]
+    pairs = [
+        (n, s)
+        for n in (0, 1, 2, 3, 7, 50, 400, 5000, 46341, 46342, 10**6)
+        for s in (1, 2, 3, 9, 40, 90)
+    ]
     ns, ss = (jnp.asarray(v, jnp.int32) for v in zip(*pairs))
     want = [min(revolve_optimum(n, s), COST_CAP) for n, s in pairs]
     # Traced slot counts: the loop over the repetition number.
@@ -353,16 +398,21 @@ def test_beta_rows_beyond_the_table():
     split with many slots equals the Python rule."""
     s_max = 20_000
     want = B.beta_table(s_max, 17).astype(np.int32)
-    got = jax.jit(jax.vmap(lambda s: B._beta_row(s, s_max, 17)))(jnp.arange(s_max + 1,
-                                                                            dtype=jnp.int32))
+    got = jax.jit(jax.vmap(lambda s: B._beta_row(s, s_max, 17)))(
+        jnp.arange(s_max + 1, dtype=jnp.int32)
+    )
     assert np.array_equal(np.asarray(got), want)
-    cases = [(n, s) for s in (1023, 1024, 1500, 5791, 5792, 14141) for n in
-             (s + 2, 3 * s, min(s * s // 2, B.CAP - 1), 10**7)]
+    cases = [
+        (n, s)
+        for s in (1023, 1024, 1500, 5791, 5792, 14141)
+        for n in (s + 2, 3 * s, min(s * s // 2, B.CAP - 1), 10**7)
+    ]
     ns, ss = (jnp.asarray(v, jnp.int32) for v in zip(*cases))
     # lax.map, not vmap: under vmap the split's conditional runs both branches, and its loop
     # fallback is only for segments that outgrow the table (never with this many slots).
     got = jax.jit(lambda ns, ss: jax.lax.map(lambda a: B.largest_split(*a, s_max), (ns, ss)))(
-        ns, ss)
+        ns, ss
+    )
     assert np.asarray(got).tolist() == [largest_split(n, s) for n, s in cases]
 
 
@@ -375,8 +425,10 @@ def test_row_tables_are_the_machines_actions(schedule):
         tables = tables_for(schedule, n)
         assert tables.rows is not None, (schedule, n)
         steps, slots, count = tables.held
-        acts, idxs, k = (np.asarray(v) for v in _run(tables.n_slots, jnp.asarray(steps),
-                                                     jnp.asarray(slots), count, n, True))
+        acts, idxs, k = (
+            np.asarray(v)
+            for v in _run(tables.n_slots, jnp.asarray(steps), jnp.asarray(slots), count, n, True)
+        )
         assert acts[k - 1, 0] == M.DONE
         k = int(k) - 1
         assert tables.rows.tolist() == acts[:k].tolist(), (schedule, n)

@@ -34,7 +34,7 @@ BOUNDS = {
 def _loss(scan, n, theta, u0):
     step = lambda u, _: (u + 0.01 * jnp.sin(theta * u), None)
     u, _ = scan(step, u0, None, length=n)
-    return jnp.sum(u ** 2)
+    return jnp.sum(u**2)
 
 
 def _program(order, scan, n):
@@ -108,7 +108,7 @@ def test_unread_xs_cotangent_costs_no_memory():
         def f(theta, u0, xs):
             step = lambda u, x: (u + 0.01 * jnp.sin(theta * u + x), None)
             u, _ = retrograde.scan(step, u0, xs, schedule=Revolve(S))
-            return jnp.sum(u ** 2)
+            return jnp.sum(u**2)
 
         xs = jnp.ones((n, D))
         compiled = jax.jit(jax.grad(f)).lower(jnp.float64(0.5), jnp.ones(D), xs).compile()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import itertools
 import os
 import subprocess
 import sys
@@ -23,7 +24,6 @@ import pytest
 
 import retrograde
 from retrograde import schedules as rs
-from retrograde.host import SnapshotError
 from retrograde.loops import _offload, offload_stats, release_offloaded
 from retrograde.schedules import Level, MultiLevel, Online
 
@@ -97,10 +97,17 @@ def test_vjp_every_plan_shape(name):
 
 def test_fori_loop_static_bounds():
     sched = OFFLINE["host_exact"]
-    f = lambda a, sched: jnp.sum(retrograde.fori_loop(
-        0, 25, lambda i, u: u + 0.1 * jnp.sin(a * u + i), jnp.ones(3), schedule=sched) ** 2)
-    ref = jax.grad(lambda a: jnp.sum(jax.lax.fori_loop(
-        0, 25, lambda i, u: u + 0.1 * jnp.sin(a * u + i), jnp.ones(3)) ** 2))(0.4)
+    f = lambda a, sched: jnp.sum(
+        retrograde.fori_loop(
+            0, 25, lambda i, u: u + 0.1 * jnp.sin(a * u + i), jnp.ones(3), schedule=sched
+        )
+        ** 2
+    )
+    ref = jax.grad(
+        lambda a: jnp.sum(
+            jax.lax.fori_loop(0, 25, lambda i, u: u + 0.1 * jnp.sin(a * u + i), jnp.ones(3)) ** 2
+        )
+    )(0.4)
     P.assert_close(jax.jit(jax.grad(lambda a: f(a, sched)))(0.4), ref, RTOL)
 
 
@@ -118,11 +125,11 @@ def _orders(scan):
             "jvp": jax.jvp(lambda u: L(p, u, xs), (u0,), (du,)),
             "hessian": jax.hessian(L, argnums=(0, 1))(p, u0, xs),
             "grad_grad": jax.grad(lambda p, xs: jnp.sum(g(p, u0, xs)[1] ** 2), argnums=(0, 1))(
-                p, xs),
+                p, xs
+            ),
             "hvp": jax.jvp(lambda u: g(p, u, xs), (u0,), (du,)),
             "vmap_grad": jax.vmap(lambda u: g(p, u, xs))(dus),
-            "vmap_hvp": jax.vmap(lambda d: jax.jvp(lambda u: g(p, u, xs)[1], (u0,), (d,))[1])(
-                dus),
+            "vmap_hvp": jax.vmap(lambda d: jax.jvp(lambda u: g(p, u, xs)[1], (u0,), (d,))[1])(dus),
         }
 
     return P.jit(f)
@@ -167,14 +174,17 @@ def _while_loss(theta, w, schedule, n=N_WHILE):
 
 def _while_program(schedule):
     L = functools.partial(_while_loss, schedule=schedule)
-    return P.jit(lambda t, w: {
-        "grad": jax.grad(L, argnums=(0, 1))(t, w),
-        "jvp": jax.jvp(L, (t, w), (1.0, 0.5)),
-        "hessian": jax.hessian(L, argnums=(0, 1))(t, w),
-        "hvp": jax.jvp(jax.grad(L), (t, w), (1.0, 0.0)),
-        "vmap_grad": jax.vmap(jax.grad(L, argnums=(0, 1)), in_axes=(0, None))(
-            jnp.array([0.5, 0.7, 0.9]), w),
-    })
+    return P.jit(
+        lambda t, w: {
+            "grad": jax.grad(L, argnums=(0, 1))(t, w),
+            "jvp": jax.jvp(L, (t, w), (1.0, 0.5)),
+            "hessian": jax.hessian(L, argnums=(0, 1))(t, w),
+            "hvp": jax.jvp(jax.grad(L), (t, w), (1.0, 0.0)),
+            "vmap_grad": jax.vmap(jax.grad(L, argnums=(0, 1)), in_axes=(0, None))(
+                jnp.array([0.5, 0.7, 0.9]), w
+            ),
+        }
+    )
 
 
 @functools.cache
@@ -197,8 +207,9 @@ def test_while_batched_predicate_and_traced_fori_loop():
     sched = TWO_LEVEL["host"]
 
     def g(theta):
-        return retrograde.while_loop(lambda u: u < 10.0, lambda u: u * (1 + theta), 1.0,
-                                     schedule=sched)
+        return retrograde.while_loop(
+            lambda u: u < 10.0, lambda u: u * (1 + theta), 1.0, schedule=sched
+        )
 
     th = np.array([0.1, 0.3, 0.7])
     n = np.ceil(np.log(10.0) / np.log1p(th))  # steps taken: d/dtheta (1 + theta)^n
@@ -206,16 +217,24 @@ def test_while_batched_predicate_and_traced_fori_loop():
     P.assert_close(got, jnp.asarray(n * (1 + th) ** (n - 1)), RTOL, "vmap")
 
     def h(a, n, sched):
-        return jnp.sum(retrograde.fori_loop(0, n, lambda i, u: u + 0.1 * jnp.sin(a * u),
-                                            jnp.ones(2), schedule=sched) ** 2)
+        return jnp.sum(
+            retrograde.fori_loop(
+                0, n, lambda i, u: u + 0.1 * jnp.sin(a * u), jnp.ones(2), schedule=sched
+            )
+            ** 2
+        )
 
     got = jax.jit(jax.grad(h), static_argnums=2)(0.4, jnp.int32(17), sched)
-    ref = jax.grad(lambda a: jnp.sum(jax.lax.fori_loop(
-        0, 17, lambda i, u: u + 0.1 * jnp.sin(a * u), jnp.ones(2)) ** 2))(0.4)
+    ref = jax.grad(
+        lambda a: jnp.sum(
+            jax.lax.fori_loop(0, 17, lambda i, u: u + 0.1 * jnp.sin(a * u), jnp.ones(2)) ** 2
+        )
+    )(0.4)
     P.assert_close(got, ref, RTOL, "fori_loop")
 
 
 # ----------------------------------------------------------------------------- counts
+
 
 @pytest.mark.parametrize("name", ["disk_chain", "host_exact", "three_levels", "host_all"])
 def test_counts_equal_simulate(name, monkeypatch):
@@ -246,8 +265,11 @@ def test_while_counts_equal_simulate():
             jax.debug.callback(lambda: count.__setitem__(0, count[0] + 1))
             return st[0] + 1, st[1] + 0.001 * jnp.sin(theta * st[1])
 
-        return jnp.sum(retrograde.while_loop(lambda st: st[0] < n, body, (0, jnp.ones(2)),
-                                             schedule=schedule)[1])
+        return jnp.sum(
+            retrograde.while_loop(lambda st: st[0] < n, body, (0, jnp.ones(2)), schedule=schedule)[
+                1
+            ]
+        )
 
     g = jax.jit(jax.grad(f))
     g(0.5).block_until_ready()
@@ -293,7 +315,7 @@ def test_two_level_online_schedule(d, h):
         for i in range(n):
             run.on_step(i)
         held = sorted(p for p in run._held if p >= 0) + [n]
-        lengths = [b - a for a, b in zip(held, held[1:])]
+        lengths = [b - a for a, b in itertools.pairwise(held)]
         assert st.plain == n + sum(_t(length, d) for length in lengths)
         assert st.reads[1] == len(lengths) and st.peak_slots[1] <= h
         if n:
@@ -314,8 +336,9 @@ def test_levels_and_errors():
         Online(2, slow=3)
     assert repr(Online(4)) == "Online(snapshots=4)"
     with pytest.raises(ValueError, match="storage='host'"):
-        retrograde.while_loop(lambda u: u < 2.0, lambda u: u * 1.5, 1.0,
-                              schedule=Online(2, slow=Level(4)))
+        retrograde.while_loop(
+            lambda u: u < 2.0, lambda u: u * 1.5, 1.0, schedule=Online(2, slow=Level(4))
+        )
 
 
 # ----------------------------------------------------------------------------- lifetime
@@ -347,10 +370,18 @@ def test_disk_files_are_never_visible(tmp_path):
 
     def look():
         fds = os.listdir("/proc/self/fd")
-        links = [os.readlink(f"/proc/self/fd/{fd}") for fd in fds if os.path.exists(
-            f"/proc/self/fd/{fd}")]
-        seen.append((os.listdir(tmp_path), [x for x in links if x.startswith(str(tmp_path))],
-                     offload_stats().held_bytes))
+        links = [
+            os.readlink(f"/proc/self/fd/{fd}")
+            for fd in fds
+            if os.path.exists(f"/proc/self/fd/{fd}")
+        ]
+        seen.append(
+            (
+                os.listdir(tmp_path),
+                [x for x in links if x.startswith(str(tmp_path))],
+                offload_stats().held_bytes,
+            )
+        )
 
     sched = MultiLevel([Level(2), disk(None, directory=tmp_path)])
     jax.block_until_ready(_gradient_calling(sched, look)(0.3))
@@ -369,8 +400,9 @@ def _gradient_calling(sched, callback, ordered=False):
             jax.debug.callback(callback, ordered=ordered)
             return u + 0.1 * jnp.sin(t * u) * x, None
 
-        return jnp.sum(retrograde.scan(step, jnp.ones(4), jnp.linspace(0.5, 1.5, 40),
-                                       schedule=sched)[0] ** 2)
+        return jnp.sum(
+            retrograde.scan(step, jnp.ones(4), jnp.linspace(0.5, 1.5, 40), schedule=sched)[0] ** 2
+        )
 
     return jax.jit(jax.grad(L))
 
@@ -404,7 +436,8 @@ def test_keyboard_interrupt_leaves_no_file(tmp_path):
         jax.config.update("jax_enable_x64", True)
         import retrograde
         from retrograde.schedules import Level, MultiLevel
-        sched = MultiLevel([Level(2), Level(None, 2, 2, storage="disk", directory={str(tmp_path)!r})])
+        sched = MultiLevel([Level(2),
+                            Level(None, 2, 2, storage="disk", directory={str(tmp_path)!r})])
         n = [0]
         def tick():
             n[0] += 1
@@ -426,8 +459,9 @@ def test_keyboard_interrupt_leaves_no_file(tmp_path):
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     with _signals.defaults():
-        child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                                 env=env, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-c", script], stdout=subprocess.PIPE, env=env, text=True
+        )
     try:
         assert child.stdout.readline().strip() == "ready"
         child.send_signal(2)
@@ -463,15 +497,22 @@ def test_corrupted_disk_snapshot_is_an_error(tmp_path):
 
 def _temp_bytes(schedule, n=200, d=4000):
     if isinstance(schedule, Online):
+
         def L(t, u):
-            _, u = retrograde.while_loop(lambda c: c[0] < n, lambda c: (
-                c[0] + 1, c[1] + 0.01 * jnp.sin(t * c[1])), (0, u), schedule=schedule)
-            return jnp.sum(u ** 2)
+            _, u = retrograde.while_loop(
+                lambda c: c[0] < n,
+                lambda c: (c[0] + 1, c[1] + 0.01 * jnp.sin(t * c[1])),
+                (0, u),
+                schedule=schedule,
+            )
+            return jnp.sum(u**2)
     else:
+
         def L(t, u):
-            u, _ = retrograde.scan(lambda u, _: (u + 0.01 * jnp.sin(t * u), None), u, None,
-                                   length=n, schedule=schedule)
-            return jnp.sum(u ** 2)
+            u, _ = retrograde.scan(
+                lambda u, _: (u + 0.01 * jnp.sin(t * u), None), u, None, length=n, schedule=schedule
+            )
+            return jnp.sum(u**2)
 
     compiled = jax.jit(jax.grad(L, (0, 1))).lower(0.5, jnp.ones(d)).compile()
     return compiled.memory_analysis().temp_size_in_bytes / (8 * d)
@@ -481,6 +522,7 @@ def _temp_bytes(schedule, n=200, d=4000):
 def test_memory_holds_only_the_device_slots(kind):
     """The compiled gradient's temporaries do not grow with the offloaded slot count and stay
     within a few carries of ``Revolve`` with the device slots alone."""
+
     def make(h):
         if kind == "online":
             return Online(2, slow=host(h))
@@ -513,7 +555,8 @@ def _rss_script(directory, slots):
         jax.block_until_ready(c(0.5, u0))
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         st = retrograde.loops.offload_stats()
-        print(base, peak, st.writes.get(1, 0), max(st.bytes_written.values()) // max(st.writes[1], 1))
+        print(base, peak, st.writes.get(1, 0),
+              max(st.bytes_written.values()) // max(st.writes[1], 1))
     """)
 
 
@@ -523,13 +566,20 @@ def test_peak_rss_below_the_disk_slots(tmp_path):
     disk slots would take in RAM."""
     slots = 12
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    out = subprocess.run([sys.executable, "-c", _rss_script(str(tmp_path), slots)], env=env,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", _rss_script(str(tmp_path), slots)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     base, peak, writes, per_write = map(int, out.stdout.split()[-4:])
     assert per_write == 64 * 2**20 and writes >= slots  # every disk slot is used
-    print(f"peak RSS {(peak - base) / 2**20:.0f} MiB above the compiled program's start; the "
-          f"{slots} disk slots hold {slots * 64} MiB")
+    print(
+        f"peak RSS {(peak - base) / 2**20:.0f} MiB above the compiled program's start; the "
+        f"{slots} disk slots hold {slots * 64} MiB"
+    )
     assert peak - base < slots * 64 * 2**20, (base, peak)
     assert os.listdir(tmp_path) == []
 
@@ -558,15 +608,32 @@ def test_plan_with_host_memory():
 def test_cli_plan_host_memory_and_calibrate(capsys):
     from retrograde.__main__ import main
 
-    assert main(["plan", "--steps", "1000", "--state-size", "1MiB", "--memory", "4MiB",
-                 "--host-memory", "64MiB", "--disk", "1GiB"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--steps",
+                "1000",
+                "--state-size",
+                "1MiB",
+                "--memory",
+                "4MiB",
+                "--host-memory",
+                "64MiB",
+                "--disk",
+                "1GiB",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "4 device slots" in out and "64 host slots" in out and "peak host" in out
     assert "MultiLevel(4 dev, 64 host, 1024 disk)" in out
     with pytest.raises(SystemExit):
         main(["plan", "--steps", "100", "-s", "3", "--host-memory", "1GiB"])
     assert "--host-memory needs --state-size" in capsys.readouterr().err
-    assert main(["calibrate", "--state-size", "64KiB", "--repeats", "2", "--step-time",
-                 "0.001"]) == 0
+    assert (
+        main(["calibrate", "--state-size", "64KiB", "--repeats", "2", "--step-time", "0.001"]) == 0
+    )
     out = capsys.readouterr().out
     assert "host  write" in out and "disk  write" in out and "--host-write-cost" in out

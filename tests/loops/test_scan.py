@@ -95,9 +95,7 @@ def _transforms_program(scan):
     def f(p, c0, xs, tangent, ct):
         out = {}
         out["primal"] = P.run(scan, p, c0, xs)
-        out["value_and_grad"] = jax.value_and_grad(L, argnums=(0, 1, 2), allow_int=True)(
-            p, c0, xs
-        )
+        out["value_and_grad"] = jax.value_and_grad(L, argnums=(0, 1, 2), allow_int=True)(p, c0, xs)
         out["grad_p"] = jax.grad(L)(p, c0, xs)
         _, pullback = jax.vjp(lambda p, c0, xs: P.run(scan, p, c0, xs), p, c0, xs)
         out["vjp"] = pullback(ct)
@@ -117,9 +115,7 @@ def _transforms_program(scan):
         out["vmap"] = jax.vmap(lambda u, xs: P.run(scan, p, dict(c0, u=u), xs))(u_batch, xs_batch)
         # vmap of the gradient over a batch of a closed-over parameter.
         cs = p["c"] * jnp.array([1.0, 1.2])
-        out["vmap_grad"] = jax.vmap(lambda c: jax.grad(L, argnums=(0, 2))(dict(p, c=c), c0, xs))(
-            cs
-        )
+        out["vmap_grad"] = jax.vmap(lambda c: jax.grad(L, argnums=(0, 2))(dict(p, c=c), c0, xs))(cs)
         return out
 
     return P.jit(f)
@@ -205,10 +201,10 @@ def _nested_loss(outer_scan, inner_scan, theta, u0, xs):
             return v, jnp.sum(v)
 
         v, ys = inner_scan(inner, u, jnp.linspace(0.0, 0.3, 4) * x)
-        return v, jnp.sum(ys ** 2)
+        return v, jnp.sum(ys**2)
 
     u, ys = outer_scan(outer, u0, xs)
-    return jnp.sum(u ** 2) + 0.1 * jnp.sum(ys)
+    return jnp.sum(u**2) + 0.1 * jnp.sum(ys)
 
 
 def test_nested_scan():
@@ -243,7 +239,7 @@ def _fori_loss(fori, theta, val0):
         return u, (a, k + 2)
 
     u, (a, k) = fori(2, 11, body, val0)
-    return jnp.sum(u ** 3) + a ** 2, k
+    return jnp.sum(u**3) + a**2, k
 
 
 @pytest.mark.parametrize("schedule", [rs.Revolve(2), rs.StoreAll()], ids=["Revolve2", "StoreAll"])

@@ -51,8 +51,10 @@ def _strict_x64():
 def _types(tree):
     """``(dtype, weak_type, shape)`` of every leaf (``jax.lax`` may hand back a Python scalar for
     a carry its step forwards unchanged: it is typed as JAX types it)."""
-    return [(str(a.dtype), bool(a.weak_type), a.shape)
-            for a in map(jnp.asarray, jax.tree_util.tree_leaves(tree))]
+    return [
+        (str(a.dtype), bool(a.weak_type), a.shape)
+        for a in map(jnp.asarray, jax.tree_util.tree_leaves(tree))
+    ]
 
 
 def _outcome(fun):
@@ -76,8 +78,11 @@ def _same_as_lax(make, mode="default"):
         return got
     assert got[0] == "ok", f"retrograde raised {got[1]!r}; jax.lax returned {ref[1]}"
     assert _types(got[1]) == _types(ref[1])
-    P.assert_close(jax.tree_util.tree_map(jnp.asarray, got[1]),
-                   jax.tree_util.tree_map(jnp.asarray, ref[1]), RTOL)
+    P.assert_close(
+        jax.tree_util.tree_map(jnp.asarray, got[1]),
+        jax.tree_util.tree_map(jnp.asarray, ref[1]),
+        RTOL,
+    )
     return got
 
 
@@ -101,10 +106,16 @@ def _reverse_program(scan):
     return P.jit(prog)
 
 
-@pytest.mark.parametrize("schedule, mode", [
-    (rs.Revolve(2), "default"), (rs.StoreAll(), "default"),
-    (rs.Revolve(2), "rank_raise"), (rs.Revolve(2), "strict_x64"),
-], ids=["Revolve2", "StoreAll", "Revolve2-rank_raise", "Revolve2-strict_x64"])
+@pytest.mark.parametrize(
+    "schedule, mode",
+    [
+        (rs.Revolve(2), "default"),
+        (rs.StoreAll(), "default"),
+        (rs.Revolve(2), "rank_raise"),
+        (rs.Revolve(2), "strict_x64"),
+    ],
+    ids=["Revolve2", "StoreAll", "Revolve2-rank_raise", "Revolve2-strict_x64"],
+)
 def test_reverse_matches_lax(schedule, mode):
     args = (P.small_params(), P.small_u0(), P.small_xs(7))
     with MODES[mode]():
@@ -120,8 +131,12 @@ def test_reverse_hessian_matches_lax():
         loss = functools.partial(P.small_loss, functools.partial(scan, reverse=True))
         return P.jit(jax.hessian(lambda u: loss(p, u, xs)))(u0)
 
-    P.assert_close(hess(functools.partial(retrograde.scan, schedule=rs.Revolve(2))),
-                   hess(jax.lax.scan), RTOL, "hessian")
+    P.assert_close(
+        hess(functools.partial(retrograde.scan, schedule=rs.Revolve(2))),
+        hess(jax.lax.scan),
+        RTOL,
+        "hessian",
+    )
 
 
 CALLS: list[int] = []
@@ -141,11 +156,14 @@ def _counted_loss(schedule, reverse, unroll, theta, u0):
 
     xs = jnp.linspace(0.5, 1.5, 12)
     u, ys = retrograde.scan(step, u0, xs, reverse=reverse, unroll=unroll, schedule=schedule)
-    return jnp.sum(u ** 2) + jnp.sum(ys * jnp.arange(12.0))
+    return jnp.sum(u**2) + jnp.sum(ys * jnp.arange(12.0))
 
 
-@pytest.mark.parametrize("reverse, unroll", [(True, 1), (False, 3), (True, True)],
-                         ids=["reverse", "unroll3", "reverse-unrollTrue"])
+@pytest.mark.parametrize(
+    "reverse, unroll",
+    [(True, 1), (False, 3), (True, True)],
+    ids=["reverse", "unroll3", "reverse-unrollTrue"],
+)
 def test_reverse_and_unroll_keep_counts(reverse, unroll):
     """The gradient evaluates the step ``plain + 1 + N`` times (as without reverse/unroll, see
     test_counts.py), and agrees with jax.lax.scan."""
@@ -159,7 +177,7 @@ def test_reverse_and_unroll_keep_counts(reverse, unroll):
     def ref(theta, u0):
         step = lambda u, x: (u + 0.1 * jnp.sin(theta * u) * x, jnp.sum(u))
         u, ys = lax.scan(step, u0, jnp.linspace(0.5, 1.5, 12), reverse=reverse)
-        return jnp.sum(u ** 2) + jnp.sum(ys * jnp.arange(12.0))
+        return jnp.sum(u**2) + jnp.sum(ys * jnp.arange(12.0))
 
     P.assert_close(grad(*args), jax.jit(jax.grad(ref, argnums=(0, 1)))(*args), RTOL, "grad")
 
@@ -169,15 +187,17 @@ def test_reverse_and_unroll_keep_counts(reverse, unroll):
 
 @pytest.mark.parametrize("unroll", [0, 1, 2, 5, True, False])
 def test_unroll_values(unroll):
-    _same_as_lax(lambda m: m.scan(lambda c, x: (c * 0.9 + x, c), 1.0, jnp.arange(4.0),
-                                  unroll=unroll))
+    _same_as_lax(
+        lambda m: m.scan(lambda c, x: (c * 0.9 + x, c), 1.0, jnp.arange(4.0), unroll=unroll)
+    )
     _same_as_lax(lambda m: m.fori_loop(0, 4, lambda i, v: v * 0.5 + i, 1.0, unroll=unroll))
 
 
 @pytest.mark.parametrize("unroll", [-1, "a", None], ids=["negative", "str", "None"])
 def test_unroll_errors_like_lax(unroll):
-    kind, err = _same_as_lax(lambda m: m.scan(lambda c, x: (c + x, None), 0.0, jnp.ones(3),
-                                              unroll=unroll))
+    kind, err = _same_as_lax(
+        lambda m: m.scan(lambda c, x: (c + x, None), 0.0, jnp.ones(3), unroll=unroll)
+    )
     assert kind == "error" and "unroll" in str(err)
 
 
@@ -213,8 +233,9 @@ WEAK_CASES = {
     "weak-in-strong-out": lambda m: m.scan(lambda c, x: (c * x, c), 1.0, F64),
     "strong-in-weak-out": lambda m: m.scan(lambda c, x: (1.0, 2.0), jnp.float64(1.0), None, 3),
     "f32-carry-weak-update": lambda m: m.scan(lambda c, x: (c + 1, c), jnp.float32(1), F32),
-    "pytree": lambda m: m.scan(lambda c, x: ({"a": c["a"] + x, "b": c["b"] * 2}, c["a"]),
-                               {"a": 0, "b": 1.0}, I8),
+    "pytree": lambda m: m.scan(
+        lambda c, x: ({"a": c["a"] + x, "b": c["b"] * 2}, c["a"]), {"a": 0, "b": 1.0}, I8
+    ),
     "list-output": lambda m: m.scan(lambda c, x: [c * x, x], 1.0, F64),
     "zero-steps": lambda m: m.scan(lambda c, x: (c + x, c), 0, jnp.zeros(0, jnp.int8)),
     # scan: dtype changes are errors (never cast back)
@@ -225,10 +246,10 @@ WEAK_CASES = {
     # while_loop
     "while-weak-int": lambda m: m.while_loop(lambda c: c < 3, lambda c: c + 1, 0),
     "while-int0+1.5": lambda m: m.while_loop(lambda c: c < 3, lambda c: c + 1.5, 0),
-    "while-int0+int8": lambda m: m.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + c[1], c[1]),
-                                              (0, jnp.int8(1))),
-    "while-f32-f64": lambda m: m.while_loop(lambda c: c < 3, lambda c: c + F64[0],
-                                            jnp.float32(0)),
+    "while-int0+int8": lambda m: m.while_loop(
+        lambda c: c[0] < 3, lambda c: (c[0] + c[1], c[1]), (0, jnp.int8(1))
+    ),
+    "while-f32-f64": lambda m: m.while_loop(lambda c: c < 3, lambda c: c + F64[0], jnp.float32(0)),
     # fori_loop: the index is a weakly typed int with static bounds, the bounds' type otherwise
     "fori-index": lambda m: m.fori_loop(0, 3, lambda i, v: v + i, 0),
     "fori-index-float": lambda m: m.fori_loop(0, 3, lambda i, v: v + i * F64[0], 0.0),
@@ -236,8 +257,8 @@ WEAK_CASES = {
     "fori-empty": lambda m: m.fori_loop(5, 3, lambda i, v: v + i, 0.0),
     "fori-traced": lambda m: jax.jit(lambda n: m.fori_loop(0, n, lambda i, v: v + i, 0))(4),
     "fori-traced-int32": lambda m: jax.jit(
-        lambda n: m.fori_loop(0, n, lambda i, v: (v[0] + i, v[1] * 1.5), (0, 1.0)))(
-        jnp.int32(4)),
+        lambda n: m.fori_loop(0, n, lambda i, v: (v[0] + i, v[1] * 1.5), (0, 1.0))
+    )(jnp.int32(4)),
     "fori-unequal-bounds": lambda m: m.fori_loop(jnp.int32(0), jnp.int64(3), lambda i, v: v, 0.0),
 }
 
@@ -254,7 +275,7 @@ def _weak_loss(scan, while_loop, theta, u0):
     weak, ys = scan(lambda c, x: (c * 0.5 + jnp.sin(c), c * 2.0), u0, None, 4)
     strong, _ = scan(lambda c, x: (c * theta + x, None), u0, F64)
     w = while_loop(lambda s: s[0] < 3, lambda s: (s[0] + 1, jnp.cos(s[1]) * 1.5), (0, u0))
-    return weak ** 2 + jnp.sum(ys) + strong * weak + w[1]
+    return weak**2 + jnp.sum(ys) + strong * weak + w[1]
 
 
 def _three_steps(cond_fun, body_fun, init_val):
@@ -270,20 +291,27 @@ def test_derivatives_through_weakly_typed_carries():
         loss = functools.partial(_weak_loss, scan, while_loop)
 
         def prog(theta, u0):
-            return (loss(theta, u0), jax.grad(loss, argnums=(0, 1))(theta, u0),
-                    jax.jvp(lambda u: loss(theta, u), (u0,), (1.0,)),
-                    jax.vmap(lambda u: loss(theta, u))(jnp.array([0.3, 0.6])),
-                    jax.hessian(lambda u: scan(lambda c, x: (c * 0.5 + jnp.sin(c), None), u,
-                                               None, 4)[0])(u0))
+            return (
+                loss(theta, u0),
+                jax.grad(loss, argnums=(0, 1))(theta, u0),
+                jax.jvp(lambda u: loss(theta, u), (u0,), (1.0,)),
+                jax.vmap(lambda u: loss(theta, u))(jnp.array([0.3, 0.6])),
+                jax.hessian(
+                    lambda u: scan(lambda c, x: (c * 0.5 + jnp.sin(c), None), u, None, 4)[0]
+                )(u0),
+            )
 
         return P.jit(prog)(0.7, 0.4)
 
-    got = program(functools.partial(retrograde.scan, schedule=rs.Revolve(2)),
-                  functools.partial(retrograde.while_loop, schedule=rs.Online(2)))
+    got = program(
+        functools.partial(retrograde.scan, schedule=rs.Revolve(2)),
+        functools.partial(retrograde.while_loop, schedule=rs.Online(2)),
+    )
     P.assert_close(got, program(lax.scan, _three_steps), RTOL, "weak carries")
     # Un-jitted, the Python floats reach the loops as they are.
-    _same_as_lax(lambda m: _weak_loss(m.scan, m.while_loop if m is retrograde else _three_steps,
-                                      0.7, 0.4))
+    _same_as_lax(
+        lambda m: _weak_loss(m.scan, m.while_loop if m is retrograde else _three_steps, 0.7, 0.4)
+    )
 
 
 def test_promoted_carry_is_not_cast_back():
@@ -297,46 +325,78 @@ def test_promoted_carry_is_not_cast_back():
 
 ERROR_CASES = {
     # name: (make(module), TypeError expected, text naming the leaf in retrograde's message)
-    "scan-dtype": (lambda m: m.scan(lambda c, x: ({"u": c["u"], "v": (c["v"][0], x)}, None),
-                                    {"u": F64, "v": (1.0, jnp.float64(0))}, F32),
-                   r"c\['v'\]\[1\] goes in as float64\[\] and comes out as float32\[\]"),
-    "scan-shape": (lambda m: m.scan(lambda c, x: ({"u": c["u"][:2], "w": c["w"]}, None),
-                                    {"u": F64, "w": 0.0}, None, 2),
-                   r"c\['u'\] goes in as float64\[3\] and comes out as float64\[2\] "
-                   r"\(the shapes differ\)"),
-    "scan-structure": (lambda m: m.scan(lambda c, x: ({"u": (c["u"], c["u"])}, None),
-                                        {"u": F64}, None, 2),
-                       r"c\['u'\] is an array in the input carry but a tuple"),
-    "scan-missing-key": (lambda m: m.scan(lambda c, x: ({"u": c["u"]}, None),
-                                          {"u": F64, "v": 1.0}, None, 2),
-                         r"c is a dict with children \['u'\], \['v'\] in the input carry but a "
-                         r"dict with children \['u'\]"),
-    "scan-list-vs-tuple": (lambda m: m.scan(lambda c, x: (tuple(c), None), [F64], None, 2),
-                           r"c is a list .* but a tuple"),
+    "scan-dtype": (
+        lambda m: m.scan(
+            lambda c, x: ({"u": c["u"], "v": (c["v"][0], x)}, None),
+            {"u": F64, "v": (1.0, jnp.float64(0))},
+            F32,
+        ),
+        r"c\['v'\]\[1\] goes in as float64\[\] and comes out as float32\[\]",
+    ),
+    "scan-shape": (
+        lambda m: m.scan(
+            lambda c, x: ({"u": c["u"][:2], "w": c["w"]}, None), {"u": F64, "w": 0.0}, None, 2
+        ),
+        r"c\['u'\] goes in as float64\[3\] and comes out as float64\[2\] "
+        r"\(the shapes differ\)",
+    ),
+    "scan-structure": (
+        lambda m: m.scan(lambda c, x: ({"u": (c["u"], c["u"])}, None), {"u": F64}, None, 2),
+        r"c\['u'\] is an array in the input carry but a tuple",
+    ),
+    "scan-missing-key": (
+        lambda m: m.scan(lambda c, x: ({"u": c["u"]}, None), {"u": F64, "v": 1.0}, None, 2),
+        r"c is a dict with children \['u'\], \['v'\] in the input carry but a "
+        r"dict with children \['u'\]",
+    ),
+    "scan-list-vs-tuple": (
+        lambda m: m.scan(lambda c, x: (tuple(c), None), [F64], None, 2),
+        r"c is a list .* but a tuple",
+    ),
     "scan-not-a-pair": (lambda m: m.scan(lambda c, x: (c, x, x), 0.0, F64), r"pair"),
     "scan-no-pair": (lambda m: m.scan(lambda c, x: c, jnp.zeros(2), F64), r"pair"),
-    "scan-unnamed-carry": (lambda m: m.scan(lambda *a: ((a[0][0], a[0][1] * 1j), None),
-                                            (F64[0], F64[1]), None, 2),
-                           r"carry\[1\] goes in as float64\[\]"),
-    "while-body-dtype": (lambda m: m.while_loop(lambda s: s["n"] < 3,
-                                                lambda s: {"n": s["n"] + 1, "x": s["x"].astype(jnp.float32)},
-                                                {"n": 0, "x": F64[0]}),
-                         r"s\['x'\] goes in as float64\[\] and comes out as float32\[\]"),
-    "while-body-shape": (lambda m: m.while_loop(lambda s: s[0] < 3, lambda s: (s[0] + 1, F64),
-                                                (0, 1.0)),
-                         r"s\[1\] goes in as float64\[\] .* float64\[3\]"),
-    "while-cond-pytree": (lambda m: m.while_loop(lambda s: (s < 3,), lambda s: s + 1, 0),
-                          r"cond_fun must return a boolean scalar, got a pytree"),
-    "while-cond-int": (lambda m: m.while_loop(lambda s: s, lambda s: s - 1, 3),
-                       r"cond_fun must return a boolean scalar, got int64\[\]"),
-    "while-cond-vector": (lambda m: m.while_loop(lambda s: s < 3, lambda s: s + 1, jnp.zeros(2)),
-                          r"cond_fun must return a boolean scalar, got bool\[2\]"),
-    "fori-val": (lambda m: m.fori_loop(0, 3, lambda i, val: {"a": val["a"].astype(jnp.float32)},
-                                       {"a": F64[0]}),
-                 r"retrograde.fori_loop: body_fun .* val\['a'\] goes in as float64\[\]"),
-    "fori-traced-val": (lambda m: jax.jit(lambda n: m.fori_loop(
-        0, n, lambda i, acc: (acc[0], acc[1].astype(jnp.float32)), (1.0, F64)))(3),
-        r"retrograde.fori_loop: body_fun .* acc\[1\] goes in as float64\[3\]"),
+    "scan-unnamed-carry": (
+        lambda m: m.scan(lambda *a: ((a[0][0], a[0][1] * 1j), None), (F64[0], F64[1]), None, 2),
+        r"carry\[1\] goes in as float64\[\]",
+    ),
+    "while-body-dtype": (
+        lambda m: m.while_loop(
+            lambda s: s["n"] < 3,
+            lambda s: {"n": s["n"] + 1, "x": s["x"].astype(jnp.float32)},
+            {"n": 0, "x": F64[0]},
+        ),
+        r"s\['x'\] goes in as float64\[\] and comes out as float32\[\]",
+    ),
+    "while-body-shape": (
+        lambda m: m.while_loop(lambda s: s[0] < 3, lambda s: (s[0] + 1, F64), (0, 1.0)),
+        r"s\[1\] goes in as float64\[\] .* float64\[3\]",
+    ),
+    "while-cond-pytree": (
+        lambda m: m.while_loop(lambda s: (s < 3,), lambda s: s + 1, 0),
+        r"cond_fun must return a boolean scalar, got a pytree",
+    ),
+    "while-cond-int": (
+        lambda m: m.while_loop(lambda s: s, lambda s: s - 1, 3),
+        r"cond_fun must return a boolean scalar, got int64\[\]",
+    ),
+    "while-cond-vector": (
+        lambda m: m.while_loop(lambda s: s < 3, lambda s: s + 1, jnp.zeros(2)),
+        r"cond_fun must return a boolean scalar, got bool\[2\]",
+    ),
+    "fori-val": (
+        lambda m: m.fori_loop(
+            0, 3, lambda i, val: {"a": val["a"].astype(jnp.float32)}, {"a": F64[0]}
+        ),
+        r"retrograde.fori_loop: body_fun .* val\['a'\] goes in as float64\[\]",
+    ),
+    "fori-traced-val": (
+        lambda m: jax.jit(
+            lambda n: m.fori_loop(
+                0, n, lambda i, acc: (acc[0], acc[1].astype(jnp.float32)), (1.0, F64)
+            )
+        )(3),
+        r"retrograde.fori_loop: body_fun .* acc\[1\] goes in as float64\[3\]",
+    ),
 }
 
 
@@ -349,10 +409,17 @@ def test_errors_name_the_leaf(case):
 
 
 def test_first_order_body_fun_checked_like_body_fun():
-    with pytest.raises(TypeError, match=r"first_order_body_fun .* s\[1\] goes in as float64\[\] "
-                                        r"\(weakly typed\) and comes out as float32\[\]"):
-        retrograde.while_loop(lambda s: s[0] < 3, lambda s: (s[0] + 1, s[1] * 2.0), (0, 1.0),
-                              first_order_body_fun=lambda s: (s[0] + 1, jnp.float32(s[1])))
+    with pytest.raises(
+        TypeError,
+        match=r"first_order_body_fun .* s\[1\] goes in as float64\[\] "
+        r"\(weakly typed\) and comes out as float32\[\]",
+    ):
+        retrograde.while_loop(
+            lambda s: s[0] < 3,
+            lambda s: (s[0] + 1, s[1] * 2.0),
+            (0, 1.0),
+            first_order_body_fun=lambda s: (s[0] + 1, jnp.float32(s[1])),
+        )
 
 
 def test_errors_in_strict_modes():
@@ -431,8 +498,9 @@ def _while_cond(s):
 
 LOOPS = {
     "scan": (lambda mod, k: mod.scan(_scan_step, {"u": jnp.full(2, 1.0 + k), "n": 0}, F64)),
-    "scan-reverse": (lambda mod, k: mod.scan(_scan_step, {"u": jnp.full(2, 1.0 + k), "n": 0}, F64,
-                                             reverse=True)),
+    "scan-reverse": (
+        lambda mod, k: mod.scan(_scan_step, {"u": jnp.full(2, 1.0 + k), "n": 0}, F64, reverse=True)
+    ),
     "scan-promoted": (lambda mod, k: mod.scan(_promoting_step, k, F64)),
     "fori_loop": (lambda mod, k: mod.fori_loop(0, 6, _fori_body, jnp.float64(k))),
     "while_loop": (lambda mod, k: mod.while_loop(_while_cond, _while_body, (k, jnp.float64(1)))),
@@ -447,8 +515,11 @@ def test_second_eager_call_neither_traces_nor_compiles(loop):
     assert first[0] >= 1 and first[1] >= 1, first  # traced and compiled once ...
     assert second == (0, 0), second  # ... and not again
     for k, out in enumerate(outs):  # the second call computes with its own values
-        P.assert_close(jax.tree_util.tree_map(jnp.asarray, out),
-                       jax.tree_util.tree_map(jnp.asarray, make(lax, k)), RTOL)
+        P.assert_close(
+            jax.tree_util.tree_map(jnp.asarray, out),
+            jax.tree_util.tree_map(jnp.asarray, make(lax, k)),
+            RTOL,
+        )
 
 
 def test_cache_entries_depend_on_types_and_config():
@@ -507,8 +578,9 @@ def _fori_loss(fori, lo, n, theta, v0):
 
 def _check_fori_traced(mode, derivatives):
     theta, v0 = jnp.float64(0.7), {"u": jnp.array([0.2, -0.3]), "s": jnp.float64(1.0)}
-    rg = functools.partial(_fori_loss, functools.partial(retrograde.fori_loop,
-                                                         schedule=rs.Online(2)))
+    rg = functools.partial(
+        _fori_loss, functools.partial(retrograde.fori_loop, schedule=rs.Online(2))
+    )
     ref = functools.partial(_fori_loss, lax.fori_loop)
     with MODES[mode]():
         value, value_ref = P.jit(rg), P.jit(ref)
@@ -540,11 +612,12 @@ def test_fori_float_bounds():
     """Floating-point bounds as in ``jax.lax.fori_loop``: truncated when concrete (``i`` an int),
     a floating-point counter when traced (values and ``jvp`` as lax's; ``grad`` equals the
     ``jvp``, which lax's while_loop cannot reverse)."""
-    body = lambda i, c: c * jnp.sin(i) + 0.1 * c**2  # noqa: E731
+    body = lambda i, c: c * jnp.sin(i) + 0.1 * c**2
     with jax.enable_x64(True):
         for lo, hi in [(0.5, 3.7), (jnp.float64(1.0), jnp.float64(4.5))]:
-            P.assert_close(retrograde.fori_loop(lo, hi, body, 1.0),
-                           lax.fori_loop(lo, hi, body, 1.0), RTOL)
+            P.assert_close(
+                retrograde.fori_loop(lo, hi, body, 1.0), lax.fori_loop(lo, hi, body, 1.0), RTOL
+            )
 
         def traced(fori):
             return jax.jit(lambda x: fori(x, x + 3.0, body, x))
@@ -568,7 +641,7 @@ def test_fori_traced_bounds_strict_derivatives(mode):
     _check_fori_traced(mode, derivatives=True)
 
 
-# ----------------------------------------------------------------------------- leaves without tangent
+# ------------------------------------------------------------------- leaves without tangent
 
 
 @jax.custom_jvp
@@ -586,23 +659,25 @@ def _timed_step(t, y, k):
     return t + 0.1, y * jnp.cos(_refuses_derivative(t)) * k + jnp.sin(y)
 
 
-@pytest.mark.parametrize("schedule", [rs.Revolve(3), rs.StoreAll(), rs.RecomputeAll()],
-                         ids=str)
+@pytest.mark.parametrize("schedule", [rs.Revolve(3), rs.StoreAll(), rs.RecomputeAll()], ids=str)
 def test_leaves_without_tangent_are_not_differentiated(schedule):
     """A time leaf that nothing differentiated depends on: grad and Hessian of ``scan`` equal
     ``lax.scan``'s, and the step is never asked for the time's derivative."""
+
     def loss(scan, y0, ks):
         def step(c, k):
             t, y = _timed_step(*c, k)
             return (t, y), y
+
         (_, y), ys = scan(step, (0.0, y0), ks)
-        return y + jnp.sum(ys ** 2)
+        return y + jnp.sum(ys**2)
 
     with jax.enable_x64(True):
         ks = jnp.linspace(0.5, 1.5, 12)
         ours = functools.partial(retrograde.scan, schedule=schedule)
-        P.assert_close(jax.grad(loss, (1, 2))(ours, 1.0, ks),
-                       jax.grad(loss, (1, 2))(lax.scan, 1.0, ks), RTOL)
+        P.assert_close(
+            jax.grad(loss, (1, 2))(ours, 1.0, ks), jax.grad(loss, (1, 2))(lax.scan, 1.0, ks), RTOL
+        )
         # Jitted: eagerly, each primitive of the Hessian's program compiles on its own.
         hessian = jax.jit(jax.hessian(loss, 1), static_argnums=0)
         P.assert_close(hessian(ours, 1.0, ks), hessian(lax.scan, 1.0, ks), RTOL)
@@ -610,12 +685,15 @@ def test_leaves_without_tangent_are_not_differentiated(schedule):
 
 def test_while_leaves_without_tangent_are_not_differentiated():
     """The same for ``while_loop`` (``Online``) against ``lax.fori_loop``."""
+
     def ours(y0, k):
         def step(c):
             i, t, y = c
             return (i + 1, *_timed_step(t, y, k))
-        return retrograde.while_loop(lambda c: c[0] < 15, step, (0, 0.0, y0),
-                                     schedule=rs.Online(3))[2]
+
+        return retrograde.while_loop(
+            lambda c: c[0] < 15, step, (0, 0.0, y0), schedule=rs.Online(3)
+        )[2]
 
     def ref(y0, k):
         return lax.fori_loop(0, 15, lambda i, c: _timed_step(*c, k), (0.0, y0))[1]

@@ -30,10 +30,10 @@ pytestmark = pytest.mark.skipif(
 
 def _loss(scan, theta, u0):
     def step(u, x):
-        return u + 0.1 * jnp.sin(theta * u * x) + 0.01 * jnp.roll(u, 1), jnp.sum(u ** 2)
+        return u + 0.1 * jnp.sin(theta * u * x) + 0.01 * jnp.roll(u, 1), jnp.sum(u**2)
 
     u, ys = scan(step, u0, jnp.linspace(0.5, 1.5, N))
-    return jnp.sum(u ** 3) + 0.1 * jnp.sum(ys)
+    return jnp.sum(u**3) + 0.1 * jnp.sum(ys)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,9 @@ def _step(theta, w):
 def _loss(theta, w, schedule, n=N):
     body = _step(theta, w)
     _, u, v = retrograde.while_loop(
-        lambda s: s[0] < n, body, (jnp.int32(0), jnp.ones(3) * theta, jnp.ones(2)),
+        lambda s: s[0] < n,
+        body,
+        (jnp.int32(0), jnp.ones(3) * theta, jnp.ones(2)),
         schedule=schedule,
     )
     return jnp.sum(u**2) + jnp.sum(v * u[:2])
@@ -35,8 +37,9 @@ def _loss(theta, w, schedule, n=N):
 
 def _ref(theta, w, n=N):
     body = _step(theta, w)
-    _, u, v = jax.lax.fori_loop(0, n, lambda i, s: body(s),
-                                (jnp.int32(0), jnp.ones(3) * theta, jnp.ones(2)))
+    _, u, v = jax.lax.fori_loop(
+        0, n, lambda i, s: body(s), (jnp.int32(0), jnp.ones(3) * theta, jnp.ones(2))
+    )
     return jnp.sum(u**2) + jnp.sum(v * u[:2])
 
 
@@ -63,8 +66,10 @@ _SLOW_MODES = {("jacrev_jacrev", 4), ("hessian", 4)}
 
 @pytest.mark.parametrize(
     "mode, s",
-    [pytest.param(m, s, marks=pytest.mark.slow) if (m, s) in _SLOW_MODES else (m, s)
-     for m, s in [(m, 4) for m in sorted(MODES)] + [("grad", 1), ("hessian", 1)]],
+    [
+        pytest.param(m, s, marks=pytest.mark.slow) if (m, s) in _SLOW_MODES else (m, s)
+        for m, s in [(m, 4) for m in sorted(MODES)] + [("grad", 1), ("hessian", 1)]
+    ],
 )
 def test_modes_match_reference(mode, s):
     make = MODES[mode]
@@ -73,10 +78,18 @@ def test_modes_match_reference(mode, s):
     P.assert_close(got, want, 1e-10)
 
 
-@pytest.mark.parametrize("mode", ["grad", "jvp", "hvp", "grad_grad",
-                                  # Third order is test_modes_match_reference[third-4]'s; here
-                                  # it compiles for 20-45 s.
-                                  pytest.param("third", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "grad",
+        "jvp",
+        "hvp",
+        "grad_grad",
+        # Third order is test_modes_match_reference[third-4]'s; here
+        # it compiles for 20-45 s.
+        pytest.param("third", marks=pytest.mark.slow),
+    ],
+)
 def test_pairs_leaves_match_reference(mode):
     """``Online(12)`` over 40 steps ends in runs of two-step segments, which the reversal takes
     as two ``PAIRS`` leaves (of 4 and 3 segments; ``tests/loops/test_machine.py``)."""
@@ -88,8 +101,9 @@ def test_pairs_leaves_match_reference(mode):
 
 def test_vmap_batched_predicate():
     def g(theta):
-        return retrograde.while_loop(lambda u: u < 10.0, lambda u: u * (1 + theta), 1.0,
-                                     schedule=Online(3))
+        return retrograde.while_loop(
+            lambda u: u < 10.0, lambda u: u * (1 + theta), 1.0, schedule=Online(3)
+        )
 
     def gref(theta):
         n = jnp.ceil(jnp.log(10.0) / jnp.log1p(theta))
@@ -98,8 +112,9 @@ def test_vmap_batched_predicate():
     th = jnp.array([0.1, 0.3, 0.7])
     P.assert_close(jax.vmap(g)(th), jax.vmap(gref)(th), 1e-12)
     P.assert_close(jax.vmap(jax.grad(g))(th), jax.vmap(jax.grad(gref))(th), 1e-10)
-    P.assert_close(jax.grad(lambda t: jnp.sum(jax.vmap(g)(t)))(th),
-                   jax.vmap(jax.grad(gref))(th), 1e-10)
+    P.assert_close(
+        jax.grad(lambda t: jnp.sum(jax.vmap(g)(t)))(th), jax.vmap(jax.grad(gref))(th), 1e-10
+    )
 
 
 def test_predicate_runs_once_per_forward_step():
@@ -112,8 +127,12 @@ def test_predicate_runs_once_per_forward_step():
         return st[0] < N
 
     def f(theta):
-        _, u = retrograde.while_loop(pred, lambda st: (st[0] + 1, st[1] * jnp.cos(theta * st[1])),
-                                     (0, jnp.ones(2)), schedule=Online(3))
+        _, u = retrograde.while_loop(
+            pred,
+            lambda st: (st[0] + 1, st[1] * jnp.cos(theta * st[1])),
+            (0, jnp.ones(2)),
+            schedule=Online(3),
+        )
         return jnp.sum(u)
 
     g = jax.jit(jax.grad(f))
@@ -144,8 +163,11 @@ def test_past_the_decision_table(monkeypatch, n):
             tick()
             return st[0] + 1, advance(theta, st[1])
 
-        return jnp.sum(retrograde.while_loop(lambda st: st[0] < stop(st), body, (0, jnp.ones(2)),
-                                             schedule=Online(4))[1])
+        return jnp.sum(
+            retrograde.while_loop(
+                lambda st: st[0] < stop(st), body, (0, jnp.ones(2)), schedule=Online(4)
+            )[1]
+        )
 
     def ref(theta, k):
         return jnp.sum(jax.lax.fori_loop(0, k, lambda i, u: advance(theta, u), jnp.ones(2)))
@@ -169,16 +191,25 @@ def test_past_the_decision_table(monkeypatch, n):
 
     # A batched predicate: the elements stop at n and n + 3.
     got = jax.jit(jax.vmap(jax.grad(lambda t: loss(t, lambda st: n + 3 * (t > 0.6)))))(
-        jnp.asarray([0.5, 0.7]))
+        jnp.asarray([0.5, 0.7])
+    )
     want = [jax.grad(ref)(0.5, n), jax.grad(ref)(0.7, n + 3)]
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
+
 def test_vmap_batched_predicate_with_first_order_body():
     """Batch elements that stop early are left alone by the fast body too."""
+
     def run(step):
         def g(theta):
-            return retrograde.while_loop(lambda u: u < 10.0, step(theta), 1.0, schedule=Online(3),
-                                         first_order_body_fun=step(theta))
+            return retrograde.while_loop(
+                lambda u: u < 10.0,
+                step(theta),
+                1.0,
+                schedule=Online(3),
+                first_order_body_fun=step(theta),
+            )
+
         return g
 
     plain = run(lambda theta: lambda u: u * (1 + theta))
@@ -209,8 +240,9 @@ _kick_scale.defvjp(_kick_scale_fwd, _kick_scale_bwd)
 def test_max_steps_caps_the_loop():
     out = retrograde.while_loop(lambda s: True, lambda s: s + 1.0, 0.0, max_steps=7)
     assert float(out) == 7.0
-    g = jax.grad(lambda x: retrograde.while_loop(lambda s: True, lambda s: s * x, 1.0,
-                                                 max_steps=5))(1.1)
+    g = jax.grad(
+        lambda x: retrograde.while_loop(lambda s: True, lambda s: s * x, 1.0, max_steps=5)
+    )(1.1)
     np.testing.assert_allclose(g, 5 * 1.1**4, rtol=1e-12)
 
 
@@ -232,8 +264,11 @@ def test_executed_evaluations_equal_online_schedule(n, s):
             jax.debug.callback(tick)
             return st[0] + 1, st[1] + 0.001 * jnp.sin(theta * st[1])
 
-        return jnp.sum(retrograde.while_loop(lambda st: st[0] < n, body, (0, jnp.ones(2)),
-                                             schedule=Online(s))[1])
+        return jnp.sum(
+            retrograde.while_loop(lambda st: st[0] < n, body, (0, jnp.ones(2)), schedule=Online(s))[
+                1
+            ]
+        )
 
     g = jax.jit(jax.grad(f))
     g(0.5).block_until_ready()
@@ -247,11 +282,14 @@ def test_executed_evaluations_equal_online_schedule(n, s):
 
 def _decay(n, s):
     """A while loop of ``n`` steps on 500 floats with ``Online(s)``, as a loss of ``theta``."""
+
     def f(theta):
         st = retrograde.while_loop(
             lambda st: st[0] < n,
             lambda st: (st[0] + 1, st[1] + 0.001 * jnp.tanh(theta * st[1])),
-            (0, jnp.ones(500)), schedule=Online(s))
+            (0, jnp.ones(500)),
+            schedule=Online(s),
+        )
         return jnp.sum(st[1] ** 2)
 
     return f
@@ -266,8 +304,12 @@ def _hvp(f):
     return lambda t: jax.jvp(jax.grad(f), (t,), (1.0,))[1]
 
 
-ORDERS = {"grad": jax.grad, "hvp": _hvp, "grad_grad": lambda f: jax.grad(jax.grad(f)),
-          "third": lambda f: jax.grad(jax.grad(jax.grad(f)))}
+ORDERS = {
+    "grad": jax.grad,
+    "hvp": _hvp,
+    "grad_grad": lambda f: jax.grad(jax.grad(f)),
+    "third": lambda f: jax.grad(jax.grad(jax.grad(f))),
+}
 _CARRIES = {}
 
 
@@ -288,11 +330,15 @@ def test_memory_does_not_grow_with_steps():
     assert _decay_carries("grad", 1000, 8) <= 8 + 7
 
 
-@pytest.mark.parametrize("orders", [
-    ("grad", "hvp"),
-    # Reverse over reverse at PAIRS leaves: two more 10-15 s compiles.
-    pytest.param(("grad_grad",), marks=pytest.mark.slow),
-], ids="-".join)
+@pytest.mark.parametrize(
+    "orders",
+    [
+        ("grad", "hvp"),
+        # Reverse over reverse at PAIRS leaves: two more 10-15 s compiles.
+        pytest.param(("grad_grad",), marks=pytest.mark.slow),
+    ],
+    ids="-".join,
+)
 def test_pairs_leaves_memory_does_not_grow_with_steps(orders):
     """``Online(40)`` over 500 and 700 steps reverses with ``PAIRS`` leaves (runs of 2-8
     two-step segments): memory is the same at both step counts, at first and second order, and
@@ -319,8 +365,13 @@ def _buffered(theta, buffers):
         u = u + 0.05 * jnp.sin(theta * u)
         return i + 1, u, saved.at[i].set(u[0] * u[1])
 
-    st = retrograde.while_loop(lambda st: st[0] < M, body, (0, jnp.ones(2), jnp.zeros(M)),
-                               schedule=Online(4), buffers=buffers)
+    st = retrograde.while_loop(
+        lambda st: st[0] < M,
+        body,
+        (0, jnp.ones(2), jnp.zeros(M)),
+        schedule=Online(4),
+        buffers=buffers,
+    )
     return jnp.sum(st[2] ** 2) + jnp.sum(st[1])
 
 
@@ -352,8 +403,9 @@ def test_reading_a_buffer_is_an_error():
         return i + 1, u + saved[0], saved.at[i].set(u[0])
 
     with pytest.raises(ValueError, match="buffer leaf 2"):
-        retrograde.while_loop(lambda st: st[0] < 5, body, (0, jnp.ones(2), jnp.zeros(M)),
-                              buffers=lambda v: v[2])
+        retrograde.while_loop(
+            lambda st: st[0] < 5, body, (0, jnp.ones(2), jnp.zeros(M)), buffers=lambda v: v[2]
+        )
 
 
 def test_bad_arguments():
@@ -364,8 +416,9 @@ def test_bad_arguments():
     with pytest.raises(TypeError, match="boolean scalar"):
         retrograde.while_loop(lambda s: s, lambda s: s + 1, jnp.ones(2))
     with pytest.raises(ValueError, match="same array objects"):
-        retrograde.while_loop(lambda s: s[0] < 1, lambda s: s, (0.0, 1.0),
-                              buffers=lambda v: jnp.zeros(3))
+        retrograde.while_loop(
+            lambda s: s[0] < 1, lambda s: s, (0.0, 1.0), buffers=lambda v: jnp.zeros(3)
+        )
 
 
 # --------------------------------------------------------------------- first_order_body_fun
@@ -400,8 +453,13 @@ def _dual_loss(theta, count, *, alias=False, n=17):
         jax.debug.callback(count)
         return st[0] + 1, _kick(st[1], theta_fast)
 
-    _, u = retrograde.while_loop(lambda st: st[0] < n, body, (0, jnp.ones(3) * 0.7),
-                                 schedule=Online(3), first_order_body_fun=fast)
+    _, u = retrograde.while_loop(
+        lambda st: st[0] < n,
+        body,
+        (0, jnp.ones(3) * 0.7),
+        schedule=Online(3),
+        first_order_body_fun=fast,
+    )
     return jnp.sum(u**2)
 
 
@@ -430,8 +488,7 @@ def test_first_order_body_runs_steps_and_vjps_only():
     h = P.jit(jax.hessian(lambda t: _dual_loss(t, count)))(theta)
     np.testing.assert_allclose(h, jax.hessian(_dual_ref)(theta), rtol=1e-10)
     gv = jax.vmap(jax.grad(lambda t: _dual_loss(t, count)))(jnp.array([0.5, 0.8]))
-    np.testing.assert_allclose(gv, jax.vmap(jax.grad(_dual_ref))(jnp.array([0.5, 0.8])),
-                               rtol=1e-12)
+    np.testing.assert_allclose(gv, jax.vmap(jax.grad(_dual_ref))(jnp.array([0.5, 0.8])), rtol=1e-12)
 
 
 def test_first_order_body_closing_over_other_tracers_is_ignored():
@@ -448,5 +505,6 @@ def test_first_order_body_closing_over_other_tracers_is_ignored():
 
 def test_first_order_body_must_match():
     with pytest.raises(TypeError, match="first_order_body_fun"):
-        retrograde.while_loop(lambda s: s < 3.0, lambda s: s + 1.0, 0.0,
-                              first_order_body_fun=lambda s: (s, s))
+        retrograde.while_loop(
+            lambda s: s < 3.0, lambda s: s + 1.0, 0.0, first_order_body_fun=lambda s: (s, s)
+        )

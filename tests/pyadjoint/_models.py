@@ -10,10 +10,18 @@ import pyadjoint as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
-from pyadjoint_vec import RECOMPUTES, DiskPackage, Vec, evolve, inner, matvec  # noqa: E402
+from pyadjoint_vec import RECOMPUTES, DiskPackage, Vec, evolve, inner, matvec
 
-__all__ = ["RECOMPUTES", "DiskPackage", "Vec", "adjfloat_loop", "vec_loop", "Derivatives",
-           "derivatives", "finite_differences"]
+__all__ = [
+    "RECOMPUTES",
+    "DiskPackage",
+    "Vec",
+    "adjfloat_loop",
+    "vec_loop",
+    "Derivatives",
+    "derivatives",
+    "finite_differences",
+]
 
 K = 5
 A = np.eye(K) * -2 + np.eye(K, k=1) + np.eye(K, k=-1)
@@ -29,7 +37,7 @@ def adjfloat_loop(m, tape=None, n_steps=9):
     for n in _iterate(tape, n_steps):
         if n % 3 == 0:
             w = u * u
-        u = 1.1 * u + 0.1 * u ** 2 - 0.05 * u ** 3
+        u = 1.1 * u + 0.1 * u**2 - 0.05 * u**3
         if n % 3 == 2:
             u = u + 0.5 * w * u
         J = J + u
@@ -53,20 +61,37 @@ def vec_loop(p, tape=None, n_steps=9, change_at=None):
         matvec(v, A, u)
         older.assign(prev)
         prev.assign(u)
-        evolve(u, lambda u, v, p, q, o: u + 0.05 * v + 0.1 * p * u * u * q + 0.02 * o,
-               lambda u, v, p, q, o: [1 + 0.2 * p * u * q, 0.05, 0.1 * u * u * q,
-                                      0.1 * p * u * u, 0.02],
-               lambda u, v, p, q, o: [[0.2 * p * q, 0, 0.2 * u * q, 0.2 * p * u, 0],
-                                      [0, 0, 0, 0, 0],
-                                      [0.2 * u * q, 0, 0, 0.1 * u * u, 0],
-                                      [0.2 * p * u, 0, 0.1 * u * u, 0, 0],
-                                      [0, 0, 0, 0, 0]], [u, v, p, q, older])
+        evolve(
+            u,
+            lambda u, v, p, q, o: u + 0.05 * v + 0.1 * p * u * u * q + 0.02 * o,
+            lambda u, v, p, q, o: [
+                1 + 0.2 * p * u * q,
+                0.05,
+                0.1 * u * u * q,
+                0.1 * p * u * u,
+                0.02,
+            ],
+            lambda u, v, p, q, o: [
+                [0.2 * p * q, 0, 0.2 * u * q, 0.2 * p * u, 0],
+                [0, 0, 0, 0, 0],
+                [0.2 * u * q, 0, 0, 0.1 * u * u, 0],
+                [0.2 * p * u, 0, 0.1 * u * u, 0, 0],
+                [0, 0, 0, 0, 0],
+            ],
+            [u, v, p, q, older],
+        )
         if n % 3 == 2:  # a solve: its adjoint linearises at its output
-            evolve(u, lambda u, w: u * np.exp(0.3 * w),
-                   lambda u, w, out: [np.exp(0.3 * w), 0.3 * out],
-                   lambda u, w: [[0, 0.3 * np.exp(0.3 * w)],
-                                 [0.3 * np.exp(0.3 * w), 0.09 * u * np.exp(0.3 * w)]],
-                   [u, w], uses_output=True)
+            evolve(
+                u,
+                lambda u, w: u * np.exp(0.3 * w),
+                lambda u, w, out: [np.exp(0.3 * w), 0.3 * out],
+                lambda u, w: [
+                    [0, 0.3 * np.exp(0.3 * w)],
+                    [0.3 * np.exp(0.3 * w), 0.09 * u * np.exp(0.3 * w)],
+                ],
+                [u, w],
+                uses_output=True,
+            )
         J = J + inner(u, u, 0.5)
     return J
 
@@ -86,17 +111,25 @@ def derivatives(loop, schedule=None, n_steps=None, p0=0.7, p1=1.3, tape_n=9, **k
         p = pa.AdjFloat(p0)
         J = loop(p, tape, tape_n, **kw)
         rf = pa.ReducedFunctional(J, pa.Control(p))
-        out = [float(rf.derivative()), float(rf.derivative()), float(rf(pa.AdjFloat(p1))),
-               float(rf.derivative()), float(rf.tlm(pa.AdjFloat(1.0))),
-               float(rf.hessian(pa.AdjFloat(1.0))), float(rf.derivative())]
+        out = [
+            float(rf.derivative()),
+            float(rf.derivative()),
+            float(rf(pa.AdjFloat(p1))),
+            float(rf.derivative()),
+            float(rf.tlm(pa.AdjFloat(1.0))),
+            float(rf.hessian(pa.AdjFloat(1.0))),
+            float(rf.derivative()),
+        ]
     return np.array(out), manager, tape
 
 
 def finite_differences(loop, p, h=1e-6, **kw):
     """Central differences of ``loop``'s J and of its gradient (for the Hessian)."""
     with pa.stop_annotating():
+
         def J(x):
             return float(loop(pa.AdjFloat(x), **kw))
+
         g = (J(p + h) - J(p - h)) / (2 * h)
         H = (J(p + 1e-4) - 2 * J(p) + J(p - 1e-4)) / 1e-8
     return g, H

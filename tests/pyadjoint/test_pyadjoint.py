@@ -9,6 +9,7 @@ whose adjoint reads its output and a parameter changed mid-run).
 from __future__ import annotations
 
 import gc
+import itertools
 import subprocess
 import sys
 import tracemalloc
@@ -21,26 +22,52 @@ from checkpoint_schedules import Revolve as PyadjointRevolve
 
 import retrograde.pyadjoint as rp
 from retrograde.schedules import (
-    Level, MultiLevel, Online, RecomputeAll, Revolve, ScheduleError, StoreAll, simulate,
+    Level,
+    MultiLevel,
+    Online,
+    RecomputeAll,
+    Revolve,
+    ScheduleError,
+    StoreAll,
+    simulate,
 )
 
 from ._models import (
-    RECOMPUTES, A, DiskPackage, Vec, adjfloat_loop, derivatives, evolve, finite_differences,
-    inner, matvec, vec_loop,
+    RECOMPUTES,
+    A,
+    DiskPackage,
+    Vec,
+    adjfloat_loop,
+    derivatives,
+    evolve,
+    finite_differences,
+    inner,
+    matvec,
+    vec_loop,
 )
 
 pa.continue_annotation()
 
 SCHEDULES = [
-    (Revolve(2), None), (Revolve(2), 9), (Revolve(3), 9), (StoreAll(), None), (StoreAll(), 9),
-    (Online(2), None), (RecomputeAll(), None), (RecomputeAll(), 9),
+    (Revolve(2), None),
+    (Revolve(2), 9),
+    (Revolve(3), 9),
+    (StoreAll(), None),
+    (StoreAll(), 9),
+    (Online(2), None),
+    (RecomputeAll(), None),
+    (RecomputeAll(), 9),
 ]
 IDS = [f"{s}-n{n}" for s, n in SCHEDULES]
 
 
 def _disk(tmp_path):
-    return MultiLevel([Level(1), Level(None, write_cost=1.0, read_cost=1.0, storage="disk",
-                                       directory=str(tmp_path))])
+    return MultiLevel(
+        [
+            Level(1),
+            Level(None, write_cost=1.0, read_cost=1.0, storage="disk", directory=str(tmp_path)),
+        ]
+    )
 
 
 @pytest.mark.parametrize("schedule,n_steps", SCHEDULES, ids=IDS)
@@ -102,13 +129,17 @@ def test_package_disk_checkpointing(tmp_path):
         rp.enable_checkpointing(_disk(tmp_path), n_steps=9)
         p = pa.AdjFloat(0.7)
         rf = pa.ReducedFunctional(vec_loop(p, tape), pa.Control(p))
-        got = [float(rf.derivative()), float(rf.derivative()), float(rf(pa.AdjFloat(1.3))),
-               float(rf.derivative())]
+        got = [
+            float(rf.derivative()),
+            float(rf.derivative()),
+            float(rf(pa.AdjFloat(1.3))),
+            float(rf.derivative()),
+        ]
     np.testing.assert_allclose(got, ref[:4], rtol=1e-13)
     assert package.files > 0
     calls = [c for c in package.calls if c in ("continue", "pause")]
     assert calls[0] == "pause" and "continue" in calls
-    for a, b in zip(calls, calls[1:]):
+    for a, b in itertools.pairwise(calls):
         assert not (a == "continue" and b == "continue")
 
 
@@ -129,9 +160,14 @@ def test_no_read_of_live_objects(schedule):
         p = pa.AdjFloat(0.7)
         rf = pa.ReducedFunctional(vec_loop(p, tape), pa.Control(p))
         _poison(tape)
-        got = [float(rf.derivative()), float(rf.derivative()), float(rf(pa.AdjFloat(1.3))),
-               float(rf.derivative()), float(rf.tlm(pa.AdjFloat(1.0))),
-               float(rf.hessian(pa.AdjFloat(1.0)))]
+        got = [
+            float(rf.derivative()),
+            float(rf.derivative()),
+            float(rf(pa.AdjFloat(1.3))),
+            float(rf.derivative()),
+            float(rf.tlm(pa.AdjFloat(1.0))),
+            float(rf.hessian(pa.AdjFloat(1.0))),
+        ]
     np.testing.assert_allclose(got, ref[:6], rtol=1e-13)
 
 
@@ -140,14 +176,21 @@ def _uniform_loop(p, tape, n_steps):
     u, v = Vec(np.linspace(0.2, 0.8, 5)), Vec(np.zeros(5))
     for _ in tape.timestepper(iter(range(n_steps))):
         matvec(v, A, u)
-        evolve(u, lambda u, v, p: u + 0.05 * v + 0.1 * p * u * u,
-               lambda u, v, p: [1 + 0.2 * p * u, 0.05, 0.1 * u * u],
-               lambda u, v, p: [[0.2 * p, 0, 0.2 * u], [0, 0, 0], [0.2 * u, 0, 0]], [u, v, p])
+        evolve(
+            u,
+            lambda u, v, p: u + 0.05 * v + 0.1 * p * u * u,
+            lambda u, v, p: [1 + 0.2 * p * u, 0.05, 0.1 * u * u],
+            lambda u, v, p: [[0.2 * p, 0, 0.2 * u], [0, 0, 0], [0.2 * u, 0, 0]],
+            [u, v, p],
+        )
     return inner(u, u)
 
 
-@pytest.mark.parametrize("schedule,n_steps", [(Revolve(3), 12), (Revolve(3), None),
-                                              (Online(3), None), (StoreAll(), 12)], ids=str)
+@pytest.mark.parametrize(
+    "schedule,n_steps",
+    [(Revolve(3), 12), (Revolve(3), None), (Online(3), None), (StoreAll(), 12)],
+    ids=str,
+)
 def test_recomputations_equal_simulate(schedule, n_steps):
     """Block recomputations counted in the blocks: ``2 (plain + N) + 1`` for a derivative
     (the reverse part's plain steps and the N recorded ones; the functional's block once, with
@@ -159,11 +202,13 @@ def test_recomputations_equal_simulate(schedule, n_steps):
         p = pa.AdjFloat(0.7)
         rf = pa.ReducedFunctional(_uniform_loop(p, tape, N), pa.Control(p))
         taped_online = isinstance(schedule, Online) or n_steps is None
-        taped = Online(schedule.snapshots) if isinstance(schedule, Revolve) and taped_online \
+        taped = (
+            Online(schedule.snapshots)
+            if isinstance(schedule, Revolve) and taped_online
             else schedule
+        )
         later_online = isinstance(schedule, Online)
-        for k, (reverse_of, online) in enumerate(((taped, taped_online),
-                                                  (schedule, later_online))):
+        for k, (reverse_of, online) in enumerate(((taped, taped_online), (schedule, later_online))):
             RECOMPUTES.clear()
             steps, recorded = manager.counts.steps, manager.counts.recorded
             rerun = manager.counts.rerun
@@ -208,8 +253,9 @@ def _minimize(schedule):
         J = vec_loop(p, tape)
         target = 3.0
         obj = (J - target) ** 2
-        rf = pa.ReducedFunctional(obj, pa.Control(p),
-                                  eval_cb_post=lambda v, c: seen.append((float(c), float(v))))
+        rf = pa.ReducedFunctional(
+            obj, pa.Control(p), eval_cb_post=lambda v, c: seen.append((float(c), float(v)))
+        )
         opt = pa.minimize(rf, method="L-BFGS-B", options={"maxiter": 50})
     return float(opt), seen
 
@@ -364,15 +410,20 @@ def test_missing_value_is_an_error_naming_step_and_variable():
         rf(pa.AdjFloat(0.9))
         for snap in manager._persistent.values():
             snap.entries.clear()  # as if a snapshot had lost what it must hold
-        with pytest.raises(rp.MissingValueError,
-                           match=r"step \d+: the snapshot lacks a Vec made by"):
+        with pytest.raises(
+            rp.MissingValueError, match=r"step \d+: the snapshot lacks a Vec made by"
+        ):
             rf.derivative()
 
 
 def test_heat_example_checks_itself():
     """examples/pyadjoint_heat.py: finite differences and Taylor tests pass (exit status 0)."""
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, str(root / "examples" / "pyadjoint_heat.py")],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(root / "examples" / "pyadjoint_heat.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "rate 3.0" in out.stdout or "rate 2.9" in out.stdout

@@ -18,17 +18,19 @@ from retrograde.schedules import (
     Restore,
     Revolve,
     Store,
+    _multilevel,
     execute,
     repetition_number,
     revolve_optimum,
     simulate,
 )
-from retrograde.schedules import _multilevel
 from retrograde.schedules._multilevel import _mem, _revolve_stores
 
 
 def disk(slots, w, r=None, **kw):
-    return MultiLevel([Level(slots), Level(None, write_cost=w, read_cost=w if r is None else r)], **kw)
+    return MultiLevel(
+        [Level(slots), Level(None, write_cost=w, read_cost=w if r is None else r)], **kw
+    )
 
 
 def revolve_cost(levels, n, uf=1.0, ub=1.0):
@@ -147,7 +149,9 @@ def level_sets(draw):
     levels = []
     for i in range(k):
         last = i == k - 1
-        slots = draw(st.one_of(st.none(), st.integers(1, 8)) if last and k > 1 else st.integers(1, 12))
+        slots = draw(
+            st.one_of(st.none(), st.integers(1, 8)) if last and k > 1 else st.integers(1, 12)
+        )
         if i == 0:
             w = draw(st.sampled_from([0.0, 0.0, 0.1, 0.5]))
             r = draw(st.sampled_from([0.0, 0.0, 0.1, 0.5]))
@@ -170,12 +174,15 @@ def test_random_levels_valid_and_cost_consistent(levels, n, uf):
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3])
-@pytest.mark.parametrize("levels", [
-    [Level(1)],
-    [Level(1), Level(None, 1, 1)],
-    [Level(5), Level(2, 0.5, 0.5), Level(None, 3, 3)],
-    [Level(1, 0.5, 0.5), Level(None, 0.1, 0.1)],  # a "slow" level that is cheaper
-])
+@pytest.mark.parametrize(
+    "levels",
+    [
+        [Level(1)],
+        [Level(1), Level(None, 1, 1)],
+        [Level(5), Level(2, 0.5, 0.5), Level(None, 3, 3)],
+        [Level(1, 0.5, 0.5), Level(None, 0.1, 0.1)],  # a "slow" level that is cheaper
+    ],
+)
 def test_tiny_cases(n, levels):
     sched = MultiLevel(levels)
     stats = simulate(sched, n)
@@ -215,7 +222,7 @@ def exhaustive_k(levels, n, uf=1.0):
     w = [lvl.write_cost for lvl in levels]
     r = [lvl.read_cost for lvl in levels]
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def g(m, free, loc):
         if m == 1:
             return 0.0
@@ -239,13 +246,16 @@ def exhaustive_k(levels, n, uf=1.0):
     return g(n, free, None) + n
 
 
-@pytest.mark.parametrize("levels", [
-    [Level(1), Level(3), Level(None, 1, 3)],  # two free levels pool into one
-    [Level(2), Level(None, 2, 2)],
-    [Level(2), Level(2, 0.5, 0.5), Level(None, 3, 3)],
-    [Level(1, 0.2, 0.2), Level(3, 0.5, 0), Level(3, 0.5, 8)],
-    [Level(2), Level(2, 8, 0)],
-])
+@pytest.mark.parametrize(
+    "levels",
+    [
+        [Level(1), Level(3), Level(None, 1, 3)],  # two free levels pool into one
+        [Level(2), Level(None, 2, 2)],
+        [Level(2), Level(2, 0.5, 0.5), Level(None, 3, 3)],
+        [Level(1, 0.2, 0.2), Level(3, 0.5, 0), Level(3, 0.5, 8)],
+        [Level(2), Level(2, 8, 0)],
+    ],
+)
 def test_never_below_and_close_to_exhaustive_optimum(levels, monkeypatch):
     for n in (2, 3, 5, 8, 13, 18):
         exact = exhaustive_k(levels, n)
@@ -306,7 +316,7 @@ def test_bad_arguments():
         MultiLevel([])
     with pytest.raises(ValueError, match="levels"):
         MultiLevel()
-    with pytest.raises(ValueError, match="levels.*unlimited"):
+    with pytest.raises(ValueError, match=r"levels.*unlimited"):
         MultiLevel([Level(None), Level(4)])
     with pytest.raises(ValueError, match="slots"):
         Level(0)

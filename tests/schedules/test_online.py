@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from math import comb
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from math import comb
 
 from retrograde.schedules import (
     End,
@@ -44,8 +44,22 @@ def test_valid_and_within_slots(n, s):
 
 @pytest.mark.parametrize(
     "n, s",
-    [(0, 1), (0, 3), (1, 1), (1, 5), (2, 1), (2, 2), (3, 1), (7, 7), (7, 8), (7, 50),
-     (50, 1), (50, 2), (200, 3), (1000, 16)],
+    [
+        (0, 1),
+        (0, 3),
+        (1, 1),
+        (1, 5),
+        (2, 1),
+        (2, 2),
+        (3, 1),
+        (7, 7),
+        (7, 8),
+        (7, 50),
+        (50, 1),
+        (50, 2),
+        (200, 3),
+        (1000, 16),
+    ],
 )
 def test_edge_cases(n, s):
     stats = simulate(Online(s), n)
@@ -113,8 +127,13 @@ def test_incremental_placement_matches_pure_rule(s):
     run, held, totals = Online(s).start(), [-1] * s, online_totals(s, 1500)
     for n in range(1500):
         k = online_store_slot(n, held, s)
-        want = () if k < 0 else (Store(n, k, 0),) if held[k] < 0 else (Free(held[k], k, 0),
-                                                                        Store(n, k, 0))
+        want = (
+            ()
+            if k < 0
+            else (Store(n, k, 0),)
+            if held[k] < 0
+            else (Free(held[k], k, 0), Store(n, k, 0))
+        )
         assert tuple(run.on_step(n)) == want, (n, s)
         if k >= 0:
             held[k] = n
@@ -155,8 +174,10 @@ def test_actions_raises():
         Online(4).actions(10)
 
 
-@pytest.mark.parametrize("bad, exc", [(0, ValueError), (-3, ValueError), (2.5, TypeError),
-                                      (True, TypeError), ("4", TypeError)])
+@pytest.mark.parametrize(
+    "bad, exc",
+    [(0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError), ("4", TypeError)],
+)
 def test_bad_snapshots(bad, exc):
     with pytest.raises(exc, match="snapshots"):
         Online(bad)

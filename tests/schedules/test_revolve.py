@@ -55,9 +55,15 @@ def test_exhaustive_against_recursion_and_closed_form():
 @pytest.mark.parametrize(
     "n, s, plain",
     [
-        (100, 5, 316), (100, 10, 222), (100, 20, 178),
-        (1000, 5, 6284), (1000, 10, 3636), (1000, 20, 2747),
-        (10000, 5, 112868), (10000, 10, 57624), (10000, 20, 37976),
+        (100, 5, 316),
+        (100, 10, 222),
+        (100, 20, 178),
+        (1000, 5, 6284),
+        (1000, 10, 3636),
+        (1000, 20, 2747),
+        (10000, 5, 112868),
+        (10000, 10, 57624),
+        (10000, 20, 37976),
     ],
 )
 def test_design_note_examples(n, s, plain):
@@ -128,7 +134,7 @@ def _stream_peak(n: int, s: int) -> int:
     try:
         last = None
         count = 0
-        for last in Revolve(s).actions(n):
+        for last in Revolve(s).actions(n):  # noqa: B007 - the last action, checked below
             count += 1
         _, peak = tracemalloc.get_traced_memory()
     finally:

@@ -25,8 +25,8 @@ from retrograde.schedules import (
     Revolve,
     ScheduleError,
     Simulator,
-    StoreAll,
     Store,
+    StoreAll,
     execute,
     revolve_optimum,
     schedule_stream,
@@ -44,12 +44,24 @@ UNLIMITED = (Level(None),)
 
 def test_hand_written_valid_stream():
     actions = [
-        Store(0, 0), Advance(0, 2), Record(2), Restore(0, 0), Advance(0, 1), Record(1),
-        Restore(0, 0), Record(0), Free(0, 0), End(),
+        Store(0, 0),
+        Advance(0, 2),
+        Record(2),
+        Restore(0, 0),
+        Advance(0, 1),
+        Record(1),
+        Restore(0, 0),
+        Record(0),
+        Free(0, 0),
+        End(),
     ]
     stats = execute(actions, 3, ONE)
     assert (stats.plain, stats.recorded, stats.writes, stats.reads, stats.peak_slots) == (
-        3, 3, (1,), (2,), (1,)
+        3,
+        3,
+        (1,),
+        (2,),
+        (1,),
     )
     assert stats.evaluations == 6
     assert stats.cost == 6
@@ -85,7 +97,12 @@ INVALID = {
     "record skips a step": [Advance(0, 1), Store(1, 0), Advance(1, 2), Record(1), End()],
     "restore of an unwritten slot": [Advance(0, 2), Record(2), Restore(0, 0), End()],
     "restore of a freed slot": [
-        Store(0, 0), Advance(0, 2), Record(2), Free(0, 0), Restore(0, 0), End()
+        Store(0, 0),
+        Advance(0, 2),
+        Record(2),
+        Free(0, 0),
+        Restore(0, 0),
+        End(),
     ],
     "restore of the wrong step": [Store(0, 0), Advance(0, 2), Record(2), Restore(1, 0), End()],
     "free of an empty slot": [Free(0, 1), End()],
@@ -99,11 +116,17 @@ INVALID = {
     "empty advance": [Advance(0, 0), End()],
     "advance without state at hand": [Advance(0, 2), Record(2), Advance(2, 3), End()],
     "end before all records": [Advance(0, 2), Record(2), End()],
-    "missing End": [Store(0, 0), Advance(0, 2), Record(2), Restore(0, 0), Advance(0, 1),
-                    Record(1), Restore(0, 0), Record(0)],
-    "action after End": [
-        Advance(0, 2), Record(2), Store(0, 0), End(), Store(0, 1)
+    "missing End": [
+        Store(0, 0),
+        Advance(0, 2),
+        Record(2),
+        Restore(0, 0),
+        Advance(0, 1),
+        Record(1),
+        Restore(0, 0),
+        Record(0),
     ],
+    "action after End": [Advance(0, 2), Record(2), Store(0, 0), End(), Store(0, 1)],
     "unknown action": [object(), End()],
 }
 
@@ -115,8 +138,18 @@ def test_invalid_streams_are_rejected(name):
 
 
 def test_action_after_end():
-    actions = [Store(0, 0), Advance(0, 2), Record(2), Restore(0, 0), Advance(0, 1), Record(1),
-               Restore(0, 0), Record(0), End(), Record(0)]
+    actions = [
+        Store(0, 0),
+        Advance(0, 2),
+        Record(2),
+        Restore(0, 0),
+        Advance(0, 1),
+        Record(1),
+        Restore(0, 0),
+        Record(0),
+        End(),
+        Record(0),
+    ]
     with pytest.raises(ScheduleError, match="after End"):
         execute(actions, 3, ONE)
 

@@ -28,6 +28,18 @@ from ._memory import MemoryStore
 from ._specs import Disk, Memory, Storage, level_storage
 
 __all__ = [
-    "DIR_PREFIX", "OWNER_FILE", "Disk", "FileStore", "Memory", "MemoryStore", "Snapshot",
-    "SnapshotError", "StaleDir", "Storage", "Store", "digest", "level_storage", "remove_stale",
+    "DIR_PREFIX",
+    "OWNER_FILE",
+    "Disk",
+    "FileStore",
+    "Memory",
+    "MemoryStore",
+    "Snapshot",
+    "SnapshotError",
+    "StaleDir",
+    "Storage",
+    "Store",
+    "digest",
+    "level_storage",
+    "remove_stale",
 ]

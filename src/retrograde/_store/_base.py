@@ -25,7 +25,7 @@ def digest(arr: np.ndarray) -> bytes:
     and verified on every read."""
     h = hashlib.blake2b(digest_size=16)
     if arr.size:
-        h.update(memoryview(np.ascontiguousarray(arr.reshape(-1)).view(np.uint8)))
+        h.update(np.ascontiguousarray(arr.reshape(-1)).view(np.uint8).data)
     return h.digest()
 
 
@@ -72,8 +72,9 @@ class Store:
     def put(self, step: int, leaves: Sequence[Any], treedef: Any = None) -> Snapshot:
         """Store a copy of ``leaves`` (arrays, or anything ``np.asarray`` takes), ``u_step``."""
         if self.closed:
-            raise SnapshotError(f"cannot store the snapshot of step {step}: the {self.label} store "
-                                "is closed.")
+            raise SnapshotError(
+                f"cannot store the snapshot of step {step}: the {self.label} store is closed."
+            )
         arrays = [np.asarray(x) for x in leaves]
         prev = self._last.leaves if (self._last is not None and self._last.alive) else None
         records = self._write(step, arrays, prev)

@@ -17,8 +17,16 @@ import tempfile
 import threading
 from typing import Any, NamedTuple
 
-__all__ = ["DIR_PREFIX", "OWNER_FILE", "SIGNALS", "StaleDir", "make_private_dir", "on_signal",
-           "remove_dir", "remove_stale"]
+__all__ = [
+    "DIR_PREFIX",
+    "OWNER_FILE",
+    "SIGNALS",
+    "StaleDir",
+    "make_private_dir",
+    "on_signal",
+    "remove_dir",
+    "remove_stale",
+]
 
 #: How a snapshot directory's name starts (``retrograde-[r<rank>-]p<pid>-...``).
 DIR_PREFIX = "retrograde-"
@@ -138,7 +146,7 @@ def _start_time(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read()
-        return int(stat[stat.rindex(b")") + 2:].split()[19])
+        return int(stat[stat.rindex(b")") + 2 :].split()[19])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -173,8 +181,9 @@ class StaleDir(NamedTuple):
     action: str
 
 
-def remove_stale(directory: str | os.PathLike | None = None, *,
-                 dry_run: bool = False) -> list[StaleDir]:
+def remove_stale(
+    directory: str | os.PathLike | None = None, *, dry_run: bool = False
+) -> list[StaleDir]:
     """Remove snapshot directories whose process died without cleaning up (SIGKILL, abort,
     power loss).
 

@@ -23,10 +23,11 @@ import itertools
 import os
 import tempfile
 import weakref
+from typing import IO
 
 import numpy as np
 
-from ._base import SnapshotError, Snapshot, Store, digest
+from ._base import Snapshot, SnapshotError, Store, digest
 from ._cleanup import make_private_dir, remove_dir
 
 __all__ = ["FileStore"]
@@ -59,7 +60,7 @@ class _FileLeaf:
 
 def _write_array(fd: int, a: np.ndarray, offset: int) -> None:
     """All of ``a``'s bytes (C-contiguous) to ``fd`` from ``offset``."""
-    view = memoryview(a.reshape(-1).view(np.uint8)) if a.size else memoryview(b"")
+    view = a.reshape(-1).view(np.uint8).data if a.size else memoryview(b"")
     done = 0
     while done < len(view):
         done += os.pwrite(fd, view[done:], offset + done)
@@ -67,7 +68,7 @@ def _write_array(fd: int, a: np.ndarray, offset: int) -> None:
 
 def _read_array(fd: int, buf: np.ndarray, offset: int) -> int:
     """Fill ``buf`` from ``fd`` at ``offset``; the number of bytes read (short at end of file)."""
-    view = memoryview(buf.reshape(-1).view(np.uint8))
+    view = buf.reshape(-1).view(np.uint8).data
     done = 0
     while done < len(view):
         n = os.preadv(fd, [view[done:]], offset + done)
@@ -85,8 +86,12 @@ class _Directory:
             try:
                 os.makedirs(directory, exist_ok=True)
             except OSError as e:
-                raise OSError(e.errno, f"{e.strerror}: cannot create the snapshot directory's "
-                              f"parent for the {label} store", directory) from e
+                raise OSError(
+                    e.errno,
+                    f"{e.strerror}: cannot create the snapshot directory's "
+                    f"parent for the {label} store",
+                    directory,
+                ) from e
         self.rank = rank
         self.pid = os.getpid()  # a forked child must not remove the files
         self.path = make_private_dir(directory, rank)
@@ -143,8 +148,9 @@ class _UnnamedFile:
     def __init__(self, owner: FileStore, label: str, directory: str | None):
         self.directory = directory
         self.where = f"the {label} store's unnamed temporary file in " + (
-            directory or tempfile.gettempdir())
-        self.file = None  # made by the first write
+            directory or tempfile.gettempdir()
+        )
+        self.file: IO[bytes] | None = None  # made by the first write
         self.end = 0
         self.free: list[tuple[int, int]] = []  # (capacity, offset) of regions no block holds
 
@@ -194,11 +200,20 @@ class FileStore(Store):
 
     kind = "disk"
 
-    def __init__(self, label: str, directory: str | None = None, rank: int | None = None, *,
-                 unnamed: bool = False):
+    def __init__(
+        self,
+        label: str,
+        directory: str | None = None,
+        rank: int | None = None,
+        *,
+        unnamed: bool = False,
+    ):
         super().__init__(label)
-        self.placement = (_UnnamedFile(self, label, directory) if unnamed
-                          else _Directory(self, label, directory, rank))
+        self.placement = (
+            _UnnamedFile(self, label, directory)
+            if unnamed
+            else _Directory(self, label, directory, rank)
+        )
 
     @property
     def path(self) -> str | None:
@@ -218,8 +233,12 @@ class FileStore(Store):
                 )
             checksum = digest(a)
             old = prev[i] if prev is not None and i < len(prev) else None
-            if (old is not None and old.digest == checksum and old.dtype == a.dtype
-                    and old.shape == a.shape):
+            if (
+                old is not None
+                and old.digest == checksum
+                and old.dtype == a.dtype
+                and old.shape == a.shape
+            ):
                 records[i] = old
                 shared += 1
             else:
@@ -252,10 +271,17 @@ class FileStore(Store):
         """``e`` naming the step, the store and the file (and what to do if the disk is full)."""
         if e.errno is None:
             return e
-        hint = (" (the disk is full: free space there, or give a directory on a larger file "
-                "system)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "")
-        return OSError(e.errno, f"{e.strerror}: cannot write the snapshot of step {step} of the "
-                       f"{self.label} store{hint}", where)
+        hint = (
+            " (the disk is full: free space there, or give a directory on a larger file system)"
+            if e.errno in (errno.ENOSPC, errno.EDQUOT)
+            else ""
+        )
+        return OSError(
+            e.errno,
+            f"{e.strerror}: cannot write the snapshot of step {step} of the "
+            f"{self.label} store{hint}",
+            where,
+        )
 
     def _read(self, snap: Snapshot, take: bool, copy: bool):  # fresh buffers, always
         out = []

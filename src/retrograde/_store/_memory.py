@@ -30,7 +30,9 @@ def _same_bytes(new: np.ndarray, old: np.ndarray) -> bool:
     except (TypeError, ValueError):  # object arrays and the like: never shared
         return False
     block = 1 << 20  # compare in blocks: no temporary the size of the state
-    return all(np.array_equal(a8[i:i + block], b8[i:i + block]) for i in range(0, a8.size, block))
+    return all(
+        np.array_equal(a8[i : i + block], b8[i : i + block]) for i in range(0, a8.size, block)
+    )
 
 
 class _RamLeaf:

@@ -76,8 +76,14 @@ class Disk(Storage):
         (True, False)
     """
 
-    def __init__(self, directory: str | os.PathLike | None = None, *, rank: int | None = None,
-                 comm: Any = None, unnamed: bool = False):
+    def __init__(
+        self,
+        directory: str | os.PathLike | None = None,
+        *,
+        rank: int | None = None,
+        comm: Any = None,
+        unnamed: bool = False,
+    ):
         if directory is not None and not isinstance(directory, (str, os.PathLike)):
             raise TypeError(f"Disk(directory=...) must be a path or None, got {directory!r}.")
         self.directory = None if directory is None else os.fspath(directory)

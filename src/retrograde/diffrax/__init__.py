@@ -11,8 +11,8 @@ try:
     import equinox as _equinox  # noqa: F401
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
-        f"retrograde.diffrax needs diffrax and equinox ({e.name or e} is not installed): install the "
-        "extra with pip install 'retrograde[diffrax]'."
+        f"retrograde.diffrax needs diffrax and equinox ({e.name or e} is not installed): "
+        "install the extra with pip install 'retrograde[diffrax]'."
     ) from e
 
 from ._adjoint import CheckpointAdjoint

@@ -20,8 +20,15 @@ __all__ = ["CheckpointAdjoint"]
 
 
 def outer_while_loop(
-    cond_fun, body_fun, init_val, *, max_steps, buffers=None, schedule=None,
-    first_order_body_fun=None, **_
+    cond_fun,
+    body_fun,
+    init_val,
+    *,
+    max_steps,
+    buffers=None,
+    schedule=None,
+    first_order_body_fun=None,
+    **_,
 ):
     """Run diffrax's step loop with ``retrograde.while_loop``.
 
@@ -43,9 +50,7 @@ def outer_while_loop(
 
     # Which leaves are dynamic: arrays in the input, or leaves the step turns into arrays.
     def _wrap_tree(lvs):
-        return jtu.tree_unflatten(
-            treedef, [wrap(x) if b else x for x, b in zip(lvs, is_buf)]
-        )
+        return jtu.tree_unflatten(treedef, [wrap(x) if b else x for x, b in zip(lvs, is_buf)])
 
     def _out_leaves(val):
         out = jtu.tree_leaves(unwrap(val))
@@ -53,11 +58,11 @@ def outer_while_loop(
             raise TypeError("retrograde.diffrax: the step changed the structure of the state.")
         return out
 
-    out_shape = jax.eval_shape(lambda v: _out_leaves(body_fun(_wrap_tree(jtu.tree_leaves(v)))),
-                               init_val)
+    out_shape = jax.eval_shape(
+        lambda v: _out_leaves(body_fun(_wrap_tree(jtu.tree_leaves(v)))), init_val
+    )
     dyn = [
-        eqx.is_array(x) or isinstance(o, jax.ShapeDtypeStruct)
-        for x, o in zip(leaves, out_shape)
+        eqx.is_array(x) or isinstance(o, jax.ShapeDtypeStruct) for x, o in zip(leaves, out_shape)
     ]
     dyn_idx = [k for k, d in enumerate(dyn) if d]
     init_dyn = [jnp.asarray(leaves[k]) for k in dyn_idx]
@@ -82,8 +87,15 @@ def outer_while_loop(
     buf_pos = [j for j, k in enumerate(dyn_idx) if is_buf[k]]
     flat_buffers = (lambda dvals: [dvals[j] for j in buf_pos]) if buf_pos else None
     fast = None if first_order_body_fun is None else flat(first_order_body_fun)
-    final = while_loop(flat_cond, flat(body_fun), init_dyn, schedule=schedule,
-                       max_steps=max_steps, buffers=flat_buffers, first_order_body_fun=fast)
+    final = while_loop(
+        flat_cond,
+        flat(body_fun),
+        init_dyn,
+        schedule=schedule,
+        max_steps=max_steps,
+        buffers=flat_buffers,
+        first_order_body_fun=fast,
+    )
     return jtu.tree_unflatten(treedef, full(final))
 
 
@@ -120,10 +132,10 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
     Args:
         schedule: the ``retrograde.while_loop`` schedule. ``Online(s)`` keeps ``s`` snapshots
             of the solver state (save buffers are stored once, not in snapshots), placed as steps
-            arrive. Default: ``retrograde.schedules.default_schedule(max_steps, online=True)`` -- ``Online(s)`` with
-            ``(s + 1)(s + 2) / 2 >= max_steps``, the memory and recomputation of
-            ``RecursiveCheckpointAdjoint``'s default (``Online(16)`` if ``max_steps=None``).
-            Pass e.g. ``Online(16)`` for less memory (more recomputation).
+            arrive. Default: ``retrograde.schedules.default_schedule(max_steps, online=True)``
+            -- ``Online(s)`` with ``(s + 1)(s + 2) / 2 >= max_steps``, the memory and
+            recomputation of ``RecursiveCheckpointAdjoint``'s default (``Online(16)`` if
+            ``max_steps=None``). Pass e.g. ``Online(16)`` for less memory (more recomputation).
 
     ``diffeqsolve(..., max_steps=None)`` is differentiable too (``RecursiveCheckpointAdjoint``
     then is not): memory never depends on ``max_steps``. Runge-Kutta stage loops run as bounded
@@ -155,14 +167,14 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
     def loop(
         self,
         *,
-        solver,
-        max_steps,
-        terms,
-        throw,
-        passed_solver_state,
-        passed_controller_state,
-        **kwargs,
-    ):
+        solver: diffrax.AbstractSolver,
+        max_steps: int | None,
+        terms: Any,
+        throw: bool,
+        passed_solver_state: bool,
+        passed_controller_state: bool,
+        **kwargs: Any,
+    ) -> Any:
         del throw, passed_solver_state, passed_controller_state
         if _is_unsafe_sde(terms):
             raise ValueError(
@@ -173,7 +185,7 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
         fast_solver = None
         if kinds is not None:
             general, fast = kinds
-            kind = lambda s: _unwrapped(s).scan_kind  # noqa: E731
+            kind = lambda s: _unwrapped(s).scan_kind
             fast_solver = eqx.tree_at(kind, solver, fast, is_leaf=_is_none)
             solver = eqx.tree_at(kind, solver, general, is_leaf=_is_none)
         kwargs["progress_meter"] = _Undifferentiated(kwargs["progress_meter"])
@@ -183,8 +195,9 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
             max_steps=max_steps,
             terms=terms,
             inner_while_loop=inner_while_loop,
-            outer_while_loop=ft.partial(_outer_loop, schedule=self.schedule, solver=solver,
-                                        fast_solver=fast_solver),
+            outer_while_loop=ft.partial(
+                _outer_loop, schedule=self.schedule, solver=solver, fast_solver=fast_solver
+            ),
         )
 
 
@@ -247,7 +260,7 @@ def _stage_kinds(solver) -> tuple[str, str] | None:
 def _is_unsafe_sde(terms) -> bool:
     """Whether ``terms`` contain a ``diffrax.UnsafeBrownianPath`` (whose samples a recomputed
     step would not reproduce)."""
-    is_unsafe = lambda x: isinstance(x, diffrax.UnsafeBrownianPath)  # noqa: E731
+    is_unsafe = lambda x: isinstance(x, diffrax.UnsafeBrownianPath)
     return any(is_unsafe(x) for x in jtu.tree_leaves(terms, is_leaf=is_unsafe))
 
 

@@ -22,6 +22,7 @@ import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+
 from ._private import Buffer
 from ._write_once import write_once
 
@@ -247,14 +248,14 @@ class _Loop:
         leaves, self.treedef = jtu.tree_flatten(init_val, is_leaf=is_write_only)
         buffer_ids = set()
         if buffers is not None:
-            buffer_ids = {
-                id(b) for b in jtu.tree_leaves(buffers(init_val), is_leaf=is_write_only)
-            }
+            buffer_ids = {id(b) for b in jtu.tree_leaves(buffers(init_val), is_leaf=is_write_only)}
         is_buf = [is_write_only(x) or id(x) in buffer_ids for x in leaves]
         self.was_wrapped = [is_write_only(x) for x in leaves]
         self.outer_pred = [x._pred if is_write_only(x) else True for x in leaves]
         self.plain = [x._array if is_write_only(x) else x for x in leaves]
-        self.dyn_idx = [k for k, x in enumerate(self.plain) if eqx.is_array_like(x) and not is_buf[k]]
+        self.dyn_idx = [
+            k for k, x in enumerate(self.plain) if eqx.is_array_like(x) and not is_buf[k]
+        ]
         self.buf_idx = [k for k in range(len(self.plain)) if is_buf[k]]
         self.dyn = [jnp.asarray(self.plain[k]) for k in self.dyn_idx]
         self.bufs = [jnp.asarray(self.plain[k]) for k in self.buf_idx]
@@ -266,7 +267,8 @@ class _Loop:
         for k, v in zip(self.dyn_idx, dyn_vals):
             out[k] = v
         for k, b in zip(self.buf_idx, self.bufs):
-            out[k] = _Recorder(b, True, None, False)
+            # equinox annotates the predicate as a bool array; a Python bool stands for one
+            out[k] = _Recorder(b, True, None, False)  # type: ignore[arg-type]
         return jtu.tree_unflatten(self.treedef, out)
 
     def live(self, dyn_vals):
@@ -278,13 +280,13 @@ class _Loop:
         write's own predicate hold."""
         out = self.body_fun(self.rebuild(dyn_vals))
         out_leaves, out_tree = jtu.tree_flatten(out, is_leaf=lambda x: isinstance(x, Buffer))
-        if out_tree != self.treedef:
+        if out_tree != self.treedef:  # type: ignore[operator]  # jaxlib: PyTreeDef untyped
             raise TypeError(
                 "retrograde.diffrax: an inner loop's body changed the structure of its carry "
                 f"from {self.treedef} to {out_tree}."
             )
         new_dyn = [jnp.asarray(out_leaves[k], d.dtype) for k, d in zip(self.dyn_idx, dyn_vals)]
-        rows = []
+        rows: list[Any] = []
         for k, b in zip(self.buf_idx, self.bufs):
             rec = out_leaves[k]
             if not isinstance(rec, _Recorder):

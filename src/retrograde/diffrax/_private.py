@@ -32,11 +32,13 @@ try:
     from equinox.internal._loop import common as _common
 
     Buffer = _common._Buffer
-    _MetaBufferItem = _common._MetaBufferItem
+    # equinox defines it only when not TYPE_CHECKING
+    _MetaBufferItem = _common._MetaBufferItem  # type: ignore[attr-defined]
 except (ImportError, AttributeError) as e:  # pragma: no cover (depends on the installed equinox)
     raise _missing(
         "classes equinox.internal._loop.common._Buffer (the buffer type diffrax dispatches on) "
-        "and _MetaBufferItem (its runtime type check)", e
+        "and _MetaBufferItem (its runtime type check)",
+        e,
     ) from e
 
 
@@ -91,8 +93,9 @@ def _rebuild(fun, old, new, done: dict):
         changed = changed or inner_changed
     if not changed:
         return fun, False
-    out = types.FunctionType(fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__,
-                             tuple(cells))
+    out = types.FunctionType(
+        fun.__code__, fun.__globals__, fun.__name__, fun.__defaults__, tuple(cells)
+    )
     out.__kwdefaults__ = fun.__kwdefaults__
     out.__dict__.update(fun.__dict__)
     out.__qualname__ = fun.__qualname__

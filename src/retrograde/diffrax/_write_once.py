@@ -20,14 +20,15 @@ gather (whose own transpose is JAX's).
 from __future__ import annotations
 
 import jax.numpy as jnp
-from .._jax_private import ad, batching, dispatch, mlir
 from jax.extend.core import Primitive
+
+from .._jax_private import ad, batching, dispatch, mlir
 
 __all__ = ["write_once", "write_once_p"]
 
 write_once_p = Primitive("retrograde_write_once")
 # ``retrograde.while_loop``'s write-only check: operand 0 is the buffer written into.
-write_once_p.buffer_operands = (0,)
+write_once_p.buffer_operands = (0,)  # type: ignore[attr-defined]  # ours; Primitive has no slots
 
 
 def write_once(buffer, index, rows):
@@ -58,7 +59,7 @@ def _jvp(primals, tangents):
     t_buffer, _, t_rows = tangents
     out = write_once_p.bind(buffer, index, rows)
     if type(t_buffer) is ad.Zero and type(t_rows) is ad.Zero:
-        return out, ad.Zero.from_primal_value(out)
+        return out, ad.Zero.from_primal_value(out)  # type: ignore[attr-defined]  # untyped in JAX
     t_buffer = ad.instantiate_zeros(t_buffer)
     t_rows = ad.instantiate_zeros(t_rows)
     return out, write_once_p.bind(t_buffer, index, t_rows)
@@ -97,7 +98,8 @@ def _batch(args, dims):
     spare = b * m + batch * k + jnp.arange(k, dtype=jnp.int32)[None, :]
     flat_index = jnp.where(inside, index + batch * m, spare).reshape(b * k)
     out = write_once_p.bind(
-        buffer.reshape(b * m, *buffer.shape[2:]), flat_index,
+        buffer.reshape(b * m, *buffer.shape[2:]),
+        flat_index,
         rows.reshape(b * k, *rows.shape[2:]),
     )
     return out.reshape(buffer.shape), 0

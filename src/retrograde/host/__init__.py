@@ -18,15 +18,29 @@ Example:
     19.739
 """
 
+from .._store import Disk, Memory, SnapshotError, StaleDir, Storage, remove_stale
 from ._api import HessianProduct, Tangents, forward, hvp, jvp, value_and_grad
 from ._driver import PROGRESS_THRESHOLD, Counts, ForwardPass, Grads
 from ._step import Final, Running, Step
-from .._store import Disk, Memory, SnapshotError, StaleDir, Storage, remove_stale
 
 __all__ = [
-    "Step", "Running", "Final",
-    "Memory", "Disk", "Storage", "SnapshotError", "remove_stale", "StaleDir",
-    "forward", "value_and_grad", "hvp", "jvp",
-    "ForwardPass", "Grads", "Counts", "HessianProduct", "Tangents",
+    "Step",
+    "Running",
+    "Final",
+    "Memory",
+    "Disk",
+    "Storage",
+    "SnapshotError",
+    "remove_stale",
+    "StaleDir",
+    "forward",
+    "value_and_grad",
+    "hvp",
+    "jvp",
+    "ForwardPass",
+    "Grads",
+    "Counts",
+    "HessianProduct",
+    "Tangents",
     "PROGRESS_THRESHOLD",
 ]

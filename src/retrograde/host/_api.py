@@ -14,11 +14,15 @@ from ._step import (
     JaxCore,
     JaxStep,
     LossImpl,
+    LossLike,
+    PyTree,
     Step,
+    StepLike,
     WeakCache,
     as_losses,
     as_step,
 )
+from ._storage import StorageSpec
 from ._trees import TreeSpec, private, readonly
 
 __all__ = ["forward", "value_and_grad", "hvp", "jvp", "HessianProduct", "Tangents"]
@@ -27,14 +31,14 @@ tree_util = jax.tree_util
 
 
 def forward(
-    step,
-    state0,
-    params,
+    step: StepLike,
+    state0: PyTree,
+    params: PyTree,
     n_steps: int | None,
     *,
     schedule: Schedule,
-    loss=None,
-    storage=None,
+    loss: LossLike = None,
+    storage: StorageSpec = None,
     until: Callable[[int, Any], Any] | None = None,
     progress: bool | None = None,
 ) -> ForwardPass:
@@ -102,14 +106,14 @@ def forward(
 
 
 def value_and_grad(
-    step,
-    loss,
-    state0,
-    params,
+    step: StepLike,
+    loss: LossLike,
+    state0: PyTree,
+    params: PyTree,
     n_steps: int | None,
     *,
     schedule: Schedule,
-    storage=None,
+    storage: StorageSpec = None,
     until: Callable[[int, Any], Any] | None = None,
     progress: bool | None = None,
 ) -> tuple[float, Grads]:
@@ -144,8 +148,16 @@ def value_and_grad(
             "or a tuple of them."
         )
     with ForwardPass(
-        as_step(step), as_losses(loss), state0, params, n_steps, schedule=schedule,
-        storage=storage, until=until, progress=progress, single=True,
+        as_step(step),
+        as_losses(loss),
+        state0,
+        params,
+        n_steps,
+        schedule=schedule,
+        storage=storage,
+        until=until,
+        progress=progress,
+        single=True,
     ) as fp:
         grads = fp.vjp(keep=False)
         return fp.value, grads
@@ -186,16 +198,16 @@ _AUG_LOSSES = WeakCache()
 
 
 def hvp(
-    step,
-    loss,
-    state0,
-    params,
+    step: StepLike,
+    loss: LossLike,
+    state0: PyTree,
+    params: PyTree,
     n_steps: int | None,
-    params_dot,
-    state0_dot=None,
+    params_dot: PyTree,
+    state0_dot: PyTree | None = None,
     *,
     schedule: Schedule,
-    storage=None,
+    storage: StorageSpec = None,
     until: Callable[[int, Any], Any] | None = None,
     progress: bool | None = None,
 ) -> HessianProduct:
@@ -247,8 +259,16 @@ def hvp(
     pd = _tangent(params_dot, params, "params_dot", "hvp", True)
     aug_until = None if until is None else (lambda n, s: until(n, s[0]))
     with ForwardPass(
-        aug_step, aug_losses, (s0, sd), (params, pd), n_steps, schedule=schedule,
-        storage=storage, until=aug_until, progress=progress, single=True,
+        aug_step,
+        aug_losses,
+        (s0, sd),
+        (params, pd),
+        n_steps,
+        schedule=schedule,
+        storage=storage,
+        until=aug_until,
+        progress=progress,
+        single=True,
     ) as fp:
         g = fp.vjp(keep=False)
         value = fp.value
@@ -264,8 +284,9 @@ def _tangent(tangent, primal, name, where, jax_step):
     if tangent is None:
         return spec.materialize([None] * len(spec))
     leaves = spec.check_cotangent(tangent, where, name, verb="got")
-    return spec.materialize([None if x is None else np.array(x, dtype=spec.cot_dtypes[i])
-                             for i, x in enumerate(leaves)])
+    return spec.materialize(
+        [None if x is None else np.array(x, dtype=spec.cot_dtypes[i]) for i, x in enumerate(leaves)]
+    )
 
 
 class Tangents(NamedTuple):
@@ -283,14 +304,14 @@ class Tangents(NamedTuple):
 
 
 def jvp(
-    step,
-    state0,
-    params,
+    step: StepLike,
+    state0: PyTree,
+    params: PyTree,
     n_steps: int | None,
-    state0_dot=None,
-    params_dot=None,
+    state0_dot: PyTree | None = None,
+    params_dot: PyTree | None = None,
     *,
-    loss=None,
+    loss: LossLike = None,
     until: Callable[[int, Any], Any] | None = None,
 ) -> Tangents:
     """Forward-mode derivative of the loop: no snapshots, ``O(1)`` extra memory.
@@ -325,8 +346,11 @@ def jvp(
     J, Jdot = 0.0, 0.0
 
     def dot(g, t):
-        return sum(float(np.sum(np.asarray(a) * np.asarray(b)))
-                   for a, b in zip(g, tree_util.tree_leaves(t)) if a is not None)
+        return sum(
+            float(np.sum(np.asarray(a) * np.asarray(b)))
+            for a, b in zip(g, tree_util.tree_leaves(t))
+            if a is not None
+        )
 
     def add_loss(n, L):
         nonlocal J, Jdot
@@ -334,12 +358,14 @@ def jvp(
         J += L.value(n, view, params)
         gs, gp = L.grad(n, view, params)
         where = L.where("grad", n)
-        Jdot += (dot(sspec.check_cotangent(gs, where, "state_bar"), sdot)
-                 + dot(pspec.check_cotangent(gp, where, "params_bar"), pdot))
+        Jdot += dot(sspec.check_cotangent(gs, where, "state_bar"), sdot) + dot(
+            pspec.check_cotangent(gp, where, "params_bar"), pdot
+        )
 
     n = 0
     while (n_steps is None or n < n_steps) and not (
-            until is not None and bool(until(n, readonly(state)))):
+        until is not None and bool(until(n, readonly(state)))
+    ):
         state, sdot = impl.jvp(n, state, params, sdot, pdot)
         where = impl.where("jvp", n)
         state = sspec.check_primal(state, where)

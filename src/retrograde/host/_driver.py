@@ -26,11 +26,12 @@ import copy
 import dataclasses
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import numpy as np
 
+from .._store import MemoryStore, Snapshot, SnapshotError, Store
 from ..schedules import (
     Advance,
     End,
@@ -43,12 +44,11 @@ from ..schedules import (
     Schedule,
     ScheduleError,
     Simulator,
-    Store,
     check_steps,
 )
-from ._step import LossImpl, StepImpl
-from .._store import MemoryStore, SnapshotError, Store
-from ._storage import resolve_storage
+from ..schedules import Store as StoreAction  # the action; Store is the snapshot store
+from ._step import LossImpl, PyTree, StepImpl
+from ._storage import StorageSpec, resolve_storage
 from ._trees import TreeSpec, accumulate, dtype_of, private, readonly
 
 __all__ = ["ForwardPass", "Grads", "Counts", "PROGRESS_THRESHOLD"]
@@ -168,16 +168,18 @@ class ForwardPass:
             g2 = fp.vjp(state_bar=w)              # another functional, no new forward sweep
     """
 
+    _reached: int  # steps reached by the forward sweep so far (set when it starts)
+
     def __init__(
         self,
         step: StepImpl,
         losses: tuple[LossImpl, ...],
-        state0,
-        params,
+        state0: PyTree,
+        params: PyTree,
         n_steps: int | None,
         *,
         schedule: Schedule,
-        storage=None,
+        storage: StorageSpec = None,
         until: Callable[[int, Any], Any] | None = None,
         progress: bool | None = None,
         single: bool = False,
@@ -198,13 +200,13 @@ class ForwardPass:
         self._bar = _Progress()
         self._stores: list[Store] = []
         self._hand_store = MemoryStore("state at hand")
-        self._hand = None
+        self._hand: Snapshot | None = None
         self._closed = False
         self._spent = False
         self._persistent: dict[tuple[int, int], Any] = {}
         self._final_grad: tuple[list, list] | None = None
         self.counts = Counts()
-        self.value = None
+        self.value: float | None = None
         self.state = None
         state = initial_state(state0, step.is_jax)
         self._sspec = TreeSpec(state, "state", step.is_jax)
@@ -237,7 +239,7 @@ class ForwardPass:
         for store in [*self._stores, self._hand_store]:
             try:
                 store.close()
-            except Exception as e:  # keep closing the others
+            except Exception as e:  # noqa: BLE001 - keep closing the others; raised below
                 errors.append(e)
         self._persistent.clear()
         self._final_grad = None
@@ -248,7 +250,9 @@ class ForwardPass:
     def closed(self) -> bool:
         return self._closed
 
-    def vjp(self, state_bar=None, *, loss_bar: float | None = None, keep: bool = True) -> Grads:
+    def vjp(
+        self, state_bar: PyTree | None = None, *, loss_bar: float | None = None, keep: bool = True
+    ) -> Grads:
         """Reverse the loop once: cotangents of ``params`` and of the initial state.
 
         Args:
@@ -325,8 +329,10 @@ class ForwardPass:
         if L.is_jax and not self._step.is_jax:  # a hand-written adjoint gets NumPy arrays
             s_bar, p_bar = tree_util.tree_map(np.asarray, (s_bar, p_bar))
         where = L.where("grad", n)
-        return (self._sspec.check_cotangent(s_bar, where, "state_bar"),
-                self._pspec.check_cotangent(p_bar, where, "params_bar"))
+        return (
+            self._sspec.check_cotangent(s_bar, where, "state_bar"),
+            self._pspec.check_cotangent(p_bar, where, "params_bar"),
+        )
 
     def _plain(self, n, state):
         """One plain step ``u_n -> u_{n+1}`` (checked); the first time ``u_{n+1}`` is reached, add
@@ -393,11 +399,12 @@ class ForwardPass:
         self._J, self._reached = 0.0, 0
         with _Progress(self._progress, n_steps, "forward") as self._bar:
             if online:
-                run = self._online_run = self._schedule.start()
+                run = self._online_run = cast(OnlineSchedule, self._schedule).start()
 
                 def more(n):  # asked with u_n at hand
                     return (n_steps is None or n < n_steps) and not (
-                        until is not None and self._until(until, n, m.state))
+                        until is not None and self._until(until, n, m.state)
+                    )
 
                 m.run(run.forward(more))
                 N = check.current
@@ -405,17 +412,20 @@ class ForwardPass:
                 self._prefix_len = None
                 try:
                     self._online_saved = copy.deepcopy(run)
-                except Exception:  # not copyable: later vjp calls replay the run instead
+                except Exception:  # noqa: BLE001 - not copyable: later vjp calls replay the run
                     self._online_saved = None
             else:
                 N = n_steps
-                self._prefix_len = m.run(self._schedule.actions(N), first_sweep=True)
+                self._prefix_len = m.run(
+                    cast(OfflineSchedule, self._schedule).actions(N), first_sweep=True
+                )
             self.n_steps = N
             self._checked = check  # where every reverse sweep's checks start from
             cur = check.current
             if cur < N:  # the reverse part starts here: keep a copy, go on to u_N
-                self._hand = self._hand_store.put(cur, tree_util.tree_leaves(m.state),
-                                                  self._sspec.treedef)
+                self._hand = self._hand_store.put(
+                    cur, tree_util.tree_leaves(m.state), self._sspec.treedef
+                )
                 m.advance_to(cur, N)
         self._bar = _Progress()
         self._finish(m.state)
@@ -445,7 +455,7 @@ class ForwardPass:
 
     # ------------------------------------------------------------------ reverse
     def _reverse_actions(self) -> Iterator:
-        sched = self._schedule
+        sched: Any = self._schedule  # offline if there is a prefix to skip, otherwise online
         N = self.n_steps
         if self._prefix_len is not None:
             it = sched.actions(N)
@@ -487,7 +497,8 @@ class ForwardPass:
                 m.run(actions)
             if m.check.next_record != -1:
                 raise ScheduleError(
-                    f"the schedule ended before step {m.check.next_record} was recorded.")
+                    f"the schedule ended before step {m.check.next_record} was recorded."
+                )
         finally:
             self._bar = _Progress()
             m.state = None
@@ -558,8 +569,14 @@ class _Sweep(Executor):
     for zero) and ``pbar`` (of the parameters), both in arrays of the driver's own.
     """
 
-    def __init__(self, fp: ForwardPass, slots: dict, check: Simulator, temp: set | None = None,
-                 keep: bool = True):
+    def __init__(
+        self,
+        fp: ForwardPass,
+        slots: dict,
+        check: Simulator,
+        temp: set | None = None,
+        keep: bool = True,
+    ):
         self.fp = fp
         self.slots = slots
         self.check = check
@@ -572,7 +589,11 @@ class _Sweep(Executor):
         self.loss_bar = 0.0
         self.running: list = []
 
-    def run(self, actions: Iterable, *, first_sweep: bool = False) -> int:
+    # Executor.run returns the executor; this one returns the count of actions run (the first
+    # sweep's prefix length). TODO: a name of its own.
+    def run(  # type: ignore[override]
+        self, actions: Iterable, *, first_sweep: bool = False
+    ) -> int:
         """Execute ``actions`` up to ``End`` (in the first sweep: up to the first ``Record`` or
         ``End``, which stays unexecuted); returns how many were executed."""
         self.ahead = it = _Lookahead(actions)
@@ -600,7 +621,7 @@ class _Sweep(Executor):
         for n in range(start, stop):
             self.state = self.fp._plain(n, self.state)
 
-    def store(self, a: Store):
+    def store(self, a: StoreAction):
         step, slot, level = a
         store = self.fp._stores[level]
         snap = store.put(step, tree_util.tree_leaves(self.state), self.fp._sspec.treedef)
@@ -609,14 +630,14 @@ class _Sweep(Executor):
             self.temp.add(snap)
 
     def restore(self, a: Restore):
-        step, slot, level = a
+        _step, slot, level = a
         snap = self.slots[(level, slot)]
         self.state = None  # release the state at hand before reading
         take = self._releases(snap) and _last_read(a, self.ahead)
         self.state = tree_util.tree_unflatten(snap.treedef, snap.store.get(snap, take=take))
 
     def free(self, a: Free):
-        step, slot, level = a
+        _step, slot, level = a
         snap = self.slots.pop((level, slot))
         if self._releases(snap):
             if self.temp is not None:

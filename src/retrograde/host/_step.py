@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -134,6 +134,14 @@ def _check_loss_fns(kind, f, grad):
         )
 
 
+#: What a ``step`` argument accepts: a JAX function ``step(n, state, params) -> state`` or a
+#: :class:`Step`.
+StepLike = Step | Callable[[Any, PyTree, PyTree], PyTree]
+#: What a ``loss`` argument accepts: ``None``, one :class:`Running` or :class:`Final` term, or a
+#: sequence of them.
+LossLike = Running | Final | Sequence[Running | Final] | None
+
+
 # ----------------------------------------------------------------------------------------------
 # Internal adapters: one interface for both kinds of steps and losses.
 
@@ -170,8 +178,11 @@ class _HostStep(StepImpl):
         return self.step.forward(n, state, params)
 
     def vjp(self, n, state, params, out_bar):
-        return _pair(self.step.vjp(n, state, params, out_bar), self.where("vjp", n),
-                     "(state_bar, params_bar)")
+        return _pair(
+            self.step.vjp(n, state, params, out_bar),
+            self.where("vjp", n),
+            "(state_bar, params_bar)",
+        )
 
     def jvp(self, n, state, params, state_dot, params_dot):
         if self.step.jvp is None:
@@ -179,8 +190,11 @@ class _HostStep(StepImpl):
                 "This Step has no jvp; pass Step(forward, vjp, jvp=...) with "
                 "jvp(n, state, params, state_dot, params_dot) -> (next_state, next_state_dot)."
             )
-        return _pair(self.step.jvp(n, state, params, state_dot, params_dot),
-                     self.where("jvp", n), "(next_state, next_state_dot)")
+        return _pair(
+            self.step.jvp(n, state, params, state_dot, params_dot),
+            self.where("jvp", n),
+            "(next_state, next_state_dot)",
+        )
 
 
 def _pair(res, where, what):
@@ -232,7 +246,7 @@ class JaxStep(StepImpl):
         return self.core.jvp(n, state, params, state_dot, params_dot)
 
 
-def as_step(step) -> StepImpl:
+def as_step(step: StepLike | StepImpl) -> StepImpl:
     """Adapt a :class:`Step` or a JAX function ``step(n, state, params)``."""
     if isinstance(step, StepImpl):
         return step
@@ -280,8 +294,7 @@ class LossImpl:
         )
 
     def grad(self, n, state, params):
-        return _pair(self._grad(n, state, params), self.where("grad", n),
-                     "(state_bar, params_bar)")
+        return _pair(self._grad(n, state, params), self.where("grad", n), "(state_bar, params_bar)")
 
 
 def _jax_loss(f):
@@ -290,7 +303,7 @@ def _jax_loss(f):
     return jax.jit(f), jax.jit(jax.grad(f, argnums=(1, 2)))
 
 
-def as_losses(loss) -> tuple[LossImpl, ...]:
+def as_losses(loss: LossLike) -> tuple[LossImpl, ...]:
     """Normalise ``loss``: ``None``, one :class:`Running`/:class:`Final`, or a sequence of them."""
     if loss is None:
         return ()
@@ -329,9 +342,12 @@ class WeakCache:
             return hit[0]
         try:
             ref = weakref.WeakMethod(fn) if inspect.ismethod(fn) else weakref.ref(fn)
+
             # dropped as soon as any part dies (before its id can be reused)
-            refs = [weakref.ref(p, lambda _, key=key: self._entries.pop(key, None))
-                    for p in parts]
+            def forget(_ref: object, key: tuple = key) -> None:
+                self._entries.pop(key, None)
+
+            refs = [weakref.ref(p, forget) for p in parts]
         except TypeError:  # not weakly referenceable
             return make(fn)
         value = make(_weak_caller(ref, fn))

@@ -10,11 +10,15 @@ import warnings
 from collections.abc import Mapping, Sequence
 
 from .._store import Disk, Memory, Storage, level_storage
+from ..schedules import Level
 
-__all__ = ["resolve_storage"]
+__all__ = ["StorageSpec", "resolve_storage"]
+
+#: What a ``storage=`` argument accepts (see :func:`resolve_storage`).
+StorageSpec = Storage | str | Sequence[Storage | str] | Mapping[int | str, Storage | str] | None
 
 
-def resolve_storage(storage, levels) -> list[Storage]:
+def resolve_storage(storage: StorageSpec, levels: Sequence[Level]) -> list[Storage]:
     """One storage specification per schedule level.
 
     ``storage`` may be ``None`` (each level's own ``Level(storage=...)``, read by
@@ -47,7 +51,10 @@ def resolve_storage(storage, levels) -> list[Storage]:
                     f"level {i} of the schedule is named {lvl.name!r} but is "
                     f"Level(storage={lvl.storage!r}): its snapshots are kept in memory (a level's "
                     "name no longer chooses disk). Give Level(..., storage='disk'), or "
-                    "storage=retrograde.host.Disk(...) here.", UserWarning, stacklevel=4)
+                    "storage=retrograde.host.Disk(...) here.",
+                    UserWarning,
+                    stacklevel=4,
+                )
         return [level_storage(lvl) for lvl in levels]
     if isinstance(storage, (Storage, str)):
         return [one(storage, "") for _ in levels]

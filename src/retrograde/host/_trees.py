@@ -167,18 +167,20 @@ class TreeSpec:
     def check_primal(self, tree, where: str):
         """``tree`` (a new state), which must match this spec exactly; Python scalar leaves
         become 0-d arrays of the leaf's dtype."""
-        if tree is None and self.treedef.num_leaves:
+        if tree is None and self.treedef.num_leaves:  # type: ignore[attr-defined]  # jaxlib: PyTreeDef untyped
             raise TypeError(
                 f"{where} returned None instead of the new {self.kind} (a missing `return`?)."
             )
         leaves, treedef = tree_util.tree_flatten(tree)
-        if treedef != self.treedef:
+        if treedef != self.treedef:  # type: ignore[operator]  # jaxlib: PyTreeDef untyped
             raise TypeError(
                 f"{where} returned a {self.kind} with the structure {treedef}; the {self.kind} "
                 f"has the structure {self.treedef} (that of state0)."
             )
-        checked = [self._leaf(x, i, where, self.kind, self.dtypes[i], convert=True)
-                   for i, x in enumerate(leaves)]
+        checked = [
+            self._leaf(x, i, where, self.kind, self.dtypes[i], convert=True)
+            for i, x in enumerate(leaves)
+        ]
         if any(x is not y for x, y in zip(checked, leaves)):
             return self.unflatten(checked)
         return tree

@@ -5,5 +5,12 @@ from ._offload import OffloadStats, offload_stats, release_offloaded
 from ._scan import default_schedule, fori_loop, scan
 from ._while import while_loop
 
-__all__ = ["scan", "fori_loop", "while_loop", "default_schedule", "offload_stats",
-           "release_offloaded", "OffloadStats"]
+__all__ = [
+    "scan",
+    "fori_loop",
+    "while_loop",
+    "default_schedule",
+    "offload_stats",
+    "release_offloaded",
+    "OffloadStats",
+]

@@ -12,15 +12,27 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from .._jax_private import ad, batching, core, dispatch, mlir, pe
 from jax.extend.core import Primitive
 
+from .._jax_private import ad, batching, core, dispatch, mlir, pe
 from . import _batch_levels
 from ._adj_p import AdjArgs, adj_dce, adj_out_avals, adj_p, adjoint_tangent
 from ._body import Body, cut, is_float
 from ._primitives import (
-    LoopPlan, abstract_eval, check_unbatched_steps, expand, flat, floats_of, full_from_floats,
-    full_mask, instantiate, lowering, nonzero, pick, xs_avals, ys_avals,
+    LoopPlan,
+    abstract_eval,
+    check_unbatched_steps,
+    expand,
+    flat,
+    floats_of,
+    full_from_floats,
+    full_mask,
+    instantiate,
+    lowering,
+    nonzero,
+    pick,
+    xs_avals,
+    ys_avals,
 )
 
 adj_jvp_p = Primitive("retrograde_adjoint_jvp")
@@ -51,8 +63,9 @@ class AdjJvpArgs(NamedTuple):
     def of(cls, args, body: Body, plan: LoopPlan, has_snaps: bool, ymask, masks):
         n_primal = sum(AdjArgs.sizes(body, plan, has_snaps, ymask))
         n_stored = sum(st and is_float(a) for st, a in zip(body.stored, body.carry_avals))
-        tangents = cut(args[n_primal:], [*(sum(m) for m in masks),
-                                         2 * n_stored if has_snaps else 0])
+        tangents = cut(
+            args[n_primal:], [*(sum(m) for m in masks), 2 * n_stored if has_snaps else 0]
+        )
         assert n_primal + sum(map(len, tangents)) == len(args), (len(args), n_primal)
         return cls(AdjArgs.of(args[:n_primal], body, plan, has_snaps, ymask), *tangents)
 
@@ -73,20 +86,23 @@ class AdjJvpArgs(NamedTuple):
             dsnaps = [instantiate(v) for v in pick(fs, t.snaps[:ns]) + pick(fs, t.snaps[ns:])]
         else:
             a = a._replace(snaps=[])
-        return cls(a, *given, dsnaps), masks
+        return cls._make([a, *given, dsnaps]), masks
 
     def unpack(self, body: Body, plan: LoopPlan, ymask, masks) -> tuple[AdjArgs, AdjArgs]:
         """The primals and tangents of ``adj_p``'s inputs (symbolic zeros off the masks; no
         snapshots)."""
         x_avals = xs_avals(body, plan.length) if not plan.dynamic else []
-        y_avals = floats_of(ys_avals(body, plan.length) if not plan.dynamic else [],
-                            body.y_avals)
+        y_avals = floats_of(ys_avals(body, plan.length) if not plan.dynamic else [], body.y_avals)
         mc, mk, mx, mkb, myb = masks
-        t = AdjArgs([], expand(mc, self.dconsts, body.const_avals),
-                    expand(mk, self.dcarry, body.carry_avals), expand(mx, self.dxs, x_avals),
-                    [], expand(mkb, self.dcarry_bar, floats_of(body.carry_avals,
-                                                               body.carry_avals)),
-                    expand(myb, self.dys_bar, pick(ymask, y_avals)))
+        t = AdjArgs(
+            [],
+            expand(mc, self.dconsts, body.const_avals),
+            expand(mk, self.dcarry, body.carry_avals),
+            expand(mx, self.dxs, x_avals),
+            [],
+            expand(mkb, self.dcarry_bar, floats_of(body.carry_avals, body.carry_avals)),
+            expand(myb, self.dys_bar, pick(ymask, y_avals)),
+        )
         return self.primal._replace(snaps=[]), t
 
 
@@ -98,8 +114,10 @@ def _cotangent_lists(body, plan, carry_bar, ys_bar, ymask):
     (``ys_bar`` only where ``ymask``)."""
     y_avals = ys_avals(body, plan.length) if not plan.dynamic else []
     y_float = floats_of(y_avals, body.y_avals)
-    return (full_from_floats(carry_bar, body.carry_avals),
-            full_from_floats(expand(ymask, ys_bar, y_float), y_avals))
+    return (
+        full_from_floats(carry_bar, body.carry_avals),
+        full_from_floats(expand(ymask, ys_bar, y_float), y_avals),
+    )
 
 
 def _adj_jvp_split(args, body, plan, has_snaps, ymask, keep, masks):
@@ -107,14 +125,13 @@ def _adj_jvp_split(args, body, plan, has_snaps, ymask, keep, masks):
     primals) and the ``z``-half of the augmented one. Both lay their own snapshots: the
     forward's would live beside theirs when XLA runs them late, and the augmented one's are
     not transposable inputs."""
-    a, t = AdjJvpArgs.of(args, body, plan, has_snaps, ymask, masks).unpack(body, plan,
-                                                                              ymask, masks)
-    out = adj_p.bind(*flat(a), body=body, plan=plan, has_snaps=False, ymask=ymask,
-                     keep=keep, batch_levels=())
+    a, t = AdjJvpArgs.of(args, body, plan, has_snaps, ymask, masks).unpack(body, plan, ymask, masks)
+    out = adj_p.bind(
+        *flat(a), body=body, plan=plan, has_snaps=False, ymask=ymask, keep=keep, batch_levels=()
+    )
     w = _cotangent_lists(body, plan, a.carry_bar, a.ys_bar, ymask)
     dw = _cotangent_lists(body, plan, t.carry_bar, t.ys_bar, ymask)
-    tangent = adjoint_tangent(body, plan, a.z, (t.consts, t.carry, t.xs), w, dw, a.steps,
-                              keep)
+    tangent = adjoint_tangent(body, plan, a.z, (t.consts, t.carry, t.xs), w, dw, a.steps, keep)
     return [*out, *flat(tangent)]
 
 
@@ -128,9 +145,11 @@ def _adj_jvp_split_under(batch_levels, params):
 
 
 adj_jvp_p.def_effectful_abstract_eval(
-    abstract_eval(lambda body, plan, has_snaps, ymask, keep, masks:
-                  2 * adj_out_avals(body, plan, keep),
-                  lambda **params: True))
+    abstract_eval(
+        lambda body, plan, has_snaps, ymask, keep, masks: 2 * adj_out_avals(body, plan, keep),
+        lambda **params: True,
+    )
+)
 
 
 # ----------------------------------------------------------------------------- lowering
@@ -153,21 +172,27 @@ def _adj_jvp_impl(args, body, plan, has_snaps, ymask, keep, masks):
     x_avals = xs_avals(body, plan.length) if not plan.dynamic else []
 
     def forced(tangents, avals, mask):
-        return [jnp.zeros(v.aval.shape, v.aval.dtype) if m and not nonzero(v) else v
-                for v, m in zip(tangents, mask)]
+        return [
+            jnp.zeros(v.aval.shape, v.aval.dtype) if m and not nonzero(v) else v
+            for v, m in zip(tangents, mask)
+        ]
 
-    dz = (forced(t.consts, body.const_avals, full_mask(keep.consts, body.const_avals)),
-          forced(t.carry, body.carry_avals, [is_float(v) for v in body.carry_avals]),
-          forced(t.xs, x_avals, full_mask(keep.xs, body.x_avals)))
+    dz = (
+        forced(t.consts, body.const_avals, full_mask(keep.consts, body.const_avals)),
+        forced(t.carry, body.carry_avals, [is_float(v) for v in body.carry_avals]),
+        forced(t.xs, x_avals, full_mask(keep.xs, body.x_avals)),
+    )
     w = _cotangent_lists(body, plan, a.carry_bar, a.ys_bar, ymask)
     dw = _cotangent_lists(body, plan, t.carry_bar, t.ys_bar, ymask)
-    primal, tangent = adjoint_tangent(body, plan, a.z, dz, w, dw, a.steps, keep, primal=True,
-                                      snaps=snaps)
+    primal, tangent = adjoint_tangent(
+        body, plan, a.z, dz, w, dw, a.steps, keep, primal=True, snaps=snaps
+    )
     return [*flat(primal), *flat(tangent)]
 
 
-mlir.register_lowering(adj_jvp_p,
-                       lowering(lambda args, axes, **params: _adj_jvp_impl(args, **params)))
+mlir.register_lowering(
+    adj_jvp_p, lowering(lambda args, axes, **params: _adj_jvp_impl(args, **params))
+)
 
 
 # ----------------------------------------------------------------------------- JVP
@@ -175,8 +200,11 @@ mlir.register_lowering(adj_jvp_p,
 
 def _adj_jvp_jvp(primals, tangents, *, batch_levels, **params):
     """The JVP of the split (whose ``adj_p`` fuse again, one order up)."""
-    return jax.jvp(lambda *args: _adj_jvp_split(args, **params), tuple(primals),
-                   tuple(instantiate(t) for t in tangents))
+    return jax.jvp(
+        lambda *args: _adj_jvp_split(args, **params),
+        tuple(primals),
+        tuple(instantiate(t) for t in tangents),
+    )
 
 
 ad.primitive_jvps[adj_jvp_p] = _batch_levels.jvp_rule(_adj_jvp_jvp)
@@ -189,8 +217,9 @@ def _adj_jvp_partial_eval(trace, *tracers, batch_levels, **params):
     """Split ``adj_jvp_p`` when some input is unknown: the primal adjoint's inputs are primals,
     so its outputs stay known (as ``jax.linearize`` requires of primal outputs)."""
     if all(t.pval.is_known() for t in tracers):
-        return trace.default_process_primitive(adj_jvp_p, tracers,
-                                               dict(params, batch_levels=batch_levels))
+        return trace.default_process_primitive(
+            adj_jvp_p, tracers, dict(params, batch_levels=batch_levels)
+        )
     with core.set_current_trace(trace):
         return _adj_jvp_split_under(batch_levels, params)(*tracers)
 
@@ -203,10 +232,10 @@ def _adj_jvp_partial_eval_custom(saveable, unks_in, inst_in, eqn):
     params = dict(eqn.params)
     batch_levels = params.pop("batch_levels")
     closed = jax.make_jaxpr(_adj_jvp_split_under(batch_levels, params))(
-        *(v.aval for v in eqn.invars))
+        *(v.aval for v in eqn.invars)
+    )
     call = eqn.replace(primitive=core.closed_call_p, params=dict(call_jaxpr=closed))
-    return pe.partial_eval_jaxpr_custom_rules[core.closed_call_p](saveable, unks_in, inst_in,
-                                                                  call)
+    return pe.partial_eval_jaxpr_custom_rules[core.closed_call_p](saveable, unks_in, inst_in, call)
 
 
 pe.partial_eval_jaxpr_custom_rules[adj_jvp_p] = _adj_jvp_partial_eval_custom
@@ -233,15 +262,22 @@ _adj_jvp_batched = batching.fancy_primitive_batchers[adj_jvp_p]
 def _adj_jvp_batch(data, args, dims, *, batch_levels, **params):
     """Batch ``adj_jvp_p``; when only tangents are batched (``jax.jacfwd`` of a gradient) its
     primal outputs must stay unbatched, so it runs split: one primal adjoint, unbatched."""
-    d = AdjJvpArgs.of(dims, params["body"], params["plan"], params["has_snaps"],
-                      params["ymask"], params["masks"])
+    d = AdjJvpArgs.of(
+        dims, params["body"], params["plan"], params["has_snaps"], params["ymask"], params["masks"]
+    )
     if any(v is not None for v in flat(d.primal)) or all(v is None for v in dims):
         return _adj_jvp_batched(data, args, dims, batch_levels=batch_levels, **params)
     n = len(adj_out_avals(params["body"], params["plan"], params["keep"]))
     axes = [None] * n + [0] * n
     name = None if data.name is core.no_axis_name else data.name
-    outs = jax.vmap(_adj_jvp_split_under(batch_levels, params), in_axes=list(dims), out_axes=axes,
-                    axis_size=data.size, axis_name=name, spmd_axis_name=data.spmd_name)(*args)
+    outs = jax.vmap(
+        _adj_jvp_split_under(batch_levels, params),
+        in_axes=list(dims),
+        out_axes=axes,
+        axis_size=data.size,
+        axis_name=name,
+        spmd_axis_name=data.spmd_name,
+    )(*args)
     return outs, axes
 
 

@@ -10,15 +10,30 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from .._jax_private import ad, core, dispatch, mlir, pe
 from jax.extend.core import Primitive
 
+from .._jax_private import ad, core, dispatch, mlir, pe
 from . import _batch_levels
 from ._body import Body, cut, is_float, jvp_body
 from ._primitives import (
-    LoopPlan, abstract_eval, check_unbatched_steps, expand, flat, floats_of, full_from_floats,
-    full_mask, instantiate, lowering, n_float, nonzero, pick, split_groups, undefined, xs_avals,
-    ys_avals, zero,
+    LoopPlan,
+    abstract_eval,
+    check_unbatched_steps,
+    expand,
+    flat,
+    floats_of,
+    full_from_floats,
+    full_mask,
+    instantiate,
+    lowering,
+    n_float,
+    nonzero,
+    pick,
+    split_groups,
+    undefined,
+    xs_avals,
+    ys_avals,
+    zero,
 )
 from ._reverse_sweep import adjoint, adjoint_while
 from ._tan_p import apply_tangent
@@ -50,9 +65,15 @@ class AdjArgs(NamedTuple):
 
     @staticmethod
     def sizes(body: Body, plan: LoopPlan, has_snaps: bool, ymask) -> list[int]:
-        return [plan.n_steps_inputs, body.nc, body.nk, body.nx,
-                plan.n_snapshots(body) if has_snaps else 0, n_float(body.carry_avals),
-                sum(ymask)]
+        return [
+            plan.n_steps_inputs,
+            body.nc,
+            body.nk,
+            body.nx,
+            plan.n_snapshots(body) if has_snaps else 0,
+            n_float(body.carry_avals),
+            sum(ymask),
+        ]
 
     @property
     def z(self):
@@ -74,8 +95,12 @@ class WrtMasks(NamedTuple):
     @classmethod
     def every(cls, body: Body) -> WrtMasks:
         """Every float leaf."""
-        return cls(*(tuple(True for a in avals if is_float(a))
-                     for avals in (body.const_avals, body.x_avals, body.carry_avals)))
+        return cls(
+            *(
+                tuple(True for a in avals if is_float(a))
+                for avals in (body.const_avals, body.x_avals, body.carry_avals)
+            )
+        )
 
 
 class AdjOuts(NamedTuple):
@@ -88,8 +113,7 @@ class AdjOuts(NamedTuple):
 
     @classmethod
     def of(cls, outs, body: Body, keep: WrtMasks):
-        return split_groups(cls, outs,
-                            [sum(keep.consts), n_float(body.carry_avals), sum(keep.xs)])
+        return split_groups(cls, outs, [sum(keep.consts), n_float(body.carry_avals), sum(keep.xs)])
 
 
 # ----------------------------------------------------------------------------- abstract evaluation
@@ -105,8 +129,11 @@ def adj_out_avals(body, plan, keep):
 
 
 adj_p.def_effectful_abstract_eval(
-    abstract_eval(lambda body, plan, has_snaps, ymask, keep: adj_out_avals(body, plan, keep),
-                  lambda **params: True))
+    abstract_eval(
+        lambda body, plan, has_snaps, ymask, keep: adj_out_avals(body, plan, keep),
+        lambda **params: True,
+    )
+)
 
 
 # ----------------------------------------------------------------------------- lowering
@@ -116,13 +143,33 @@ def _adj_impl(args, body, plan, has_snaps, ymask, keep, axes):
     a = AdjArgs.of(args, body, plan, has_snaps, ymask)
     if plan.dynamic:
         snaps = (a.snaps[:-1], a.snaps[-1]) if has_snaps else None
-        cbar, kbar = adjoint_while(body, plan.n_slots, plan.max_steps, a.steps[0], a.consts,
-                                   a.carry, snaps,
-                                   a.carry_bar, keep, axes, plan.offload)
+        cbar, kbar = adjoint_while(
+            body,
+            plan.n_slots,
+            plan.max_steps,
+            a.steps[0],
+            a.consts,
+            a.carry,
+            snaps,
+            a.carry_bar,
+            keep,
+            axes,
+            plan.offload,
+        )
         return [*cbar, *kbar]
-    cbar, kbar, xbar = adjoint(body, plan.tables(), a.consts, a.carry, a.xs,
-                               a.snaps if has_snaps else None, a.carry_bar, a.ys_bar, ymask,
-                               keep, axes)
+    cbar, kbar, xbar = adjoint(
+        body,
+        plan.tables(),
+        a.consts,
+        a.carry,
+        a.xs,
+        a.snaps if has_snaps else None,
+        a.carry_bar,
+        a.ys_bar,
+        ymask,
+        keep,
+        axes,
+    )
     return [*cbar, *kbar, *xbar]
 
 
@@ -142,10 +189,16 @@ def apply_adjoint(body, plan, z, snaps, kbar, ybar, steps=(), keep=None) -> AdjO
     ybar_f = floats_of(ybar, body.y_avals)
     ymask = tuple(nonzero(t) for t in ybar_f)
     keep = WrtMasks.every(body) if keep is None else keep
-    args = AdjArgs(list(steps), list(c), list(k), list(x), list(snaps), kbar_f,
-                   pick(ymask, ybar_f))
-    outs = adj_p.bind(*flat(args), body=body, plan=plan, has_snaps=bool(snaps),
-                      ymask=ymask, keep=keep, batch_levels=())
+    args = AdjArgs(list(steps), list(c), list(k), list(x), list(snaps), kbar_f, pick(ymask, ybar_f))
+    outs = adj_p.bind(
+        *flat(args),
+        body=body,
+        plan=plan,
+        has_snaps=bool(snaps),
+        ymask=ymask,
+        keep=keep,
+        batch_levels=(),
+    )
     return AdjOuts.of(outs, body, keep)
 
 
@@ -182,10 +235,14 @@ def adjoint_tangent(body, plan, z, dz, w, dw, steps=(), keep=None, primal=False,
     # With ``primal``, also the tangent halves of the kept consts and xs leaves.
     tc = tuple(pick(mc, full_mask(keep.consts, body.const_avals))) if primal else ()
     tx = tuple(pick(mx, full_mask(keep.xs, body.x_avals))) if primal else ()
-    child_keep = WrtMasks(keep.consts + (tc or (False,) * sum(mc)),
-                          keep.xs + (tx or (False,) * sum(mx)), keep.carry + (True,) * sum(mk))
-    out = apply_adjoint(child, plan, (zc, zk, zx), list(snaps), kbar_child, ybar_child, steps,
-                        child_keep)
+    child_keep = WrtMasks(
+        keep.consts + (tc or (False,) * sum(mc)),
+        keep.xs + (tx or (False,) * sum(mx)),
+        keep.carry + (True,) * sum(mk),
+    )
+    out = apply_adjoint(
+        child, plan, (zc, zk, zx), list(snaps), kbar_child, ybar_child, steps, child_keep
+    )
     nc, nf, nx = sum(keep.consts), n_float(body.carry_avals), sum(keep.xs)
     tangent = AdjOuts(out.consts[:nc], out.carry[:nf], out.xs[:nx])
     if not primal:
@@ -201,14 +258,29 @@ def _adj_jvp(primals, tangents, *, body, plan, has_snaps, ymask, keep, batch_lev
     a = AdjArgs.of(primals, body, plan, has_snaps, ymask)
     t = AdjArgs.of(tangents, body, plan, has_snaps, ymask)
     if not any(nonzero(v) for v in [*t.consts, *t.carry, *t.xs, *t.carry_bar, *t.ys_bar]):
-        out = adj_p.bind(*primals, body=body, plan=plan, has_snaps=has_snaps, ymask=ymask,
-                         keep=keep, batch_levels=())
+        out = adj_p.bind(
+            *primals,
+            body=body,
+            plan=plan,
+            has_snaps=has_snaps,
+            ymask=ymask,
+            keep=keep,
+            batch_levels=(),
+        )
         return out, [zero(core.typeof(o)) for o in out]
     from ._adj_jvp_p import AdjJvpArgs, adj_jvp_p  # the JVP's primitive: it imports this module
 
     args, masks = AdjJvpArgs.pack(body, a, t)
-    outs = adj_jvp_p.bind(*args.flat(), body=body, plan=plan, has_snaps=bool(args.dsnaps),
-                          ymask=ymask, keep=keep, masks=masks, batch_levels=())
+    outs = adj_jvp_p.bind(
+        *args.flat(),
+        body=body,
+        plan=plan,
+        has_snaps=bool(args.dsnaps),
+        ymask=ymask,
+        keep=keep,
+        masks=masks,
+        batch_levels=(),
+    )
     return cut(outs, [len(outs) // 2, len(outs) // 2])
 
 
@@ -225,8 +297,9 @@ def _adj_transpose(cts, *args, body, plan, has_snaps, ymask, keep, batch_levels)
     # Cotangents over all float consts, carry and xs leaves (zero where this adjoint's output
     # is none or constant).
     ct_c = expand(keep.consts, ct.consts, floats_of(body.const_avals, body.const_avals))
-    ct_k = expand(keep.carry, pick(keep.carry, ct.carry),
-                  floats_of(body.carry_avals, body.carry_avals))
+    ct_k = expand(
+        keep.carry, pick(keep.carry, ct.carry), floats_of(body.carry_avals, body.carry_avals)
+    )
     ct_x = expand(keep.xs, ct.xs, floats_of(x_avals, body.x_avals))
     n_pre = len(a.steps) + len(a.consts) + len(a.carry) + len(a.xs) + len(a.snaps)
     if not any(undefined(v) for v in [*a.consts, *a.carry, *a.xs, *a.snaps]):
@@ -240,8 +313,9 @@ def _adj_transpose(cts, *args, body, plan, has_snaps, ymask, keep, batch_levels)
         tk_f = floats_of(tk, body.carry_avals)
         ty_f = pick(ymask, floats_of(ty, body.y_avals))
         out = [None] * n_pre
-        out += [t if undefined(v) else None
-                for v, t in zip([*a.carry_bar, *a.ys_bar], [*tk_f, *ty_f])]
+        out += [
+            t if undefined(v) else None for v, t in zip([*a.carry_bar, *a.ys_bar], [*tk_f, *ty_f])
+        ]
         return out
     out = _adj_transpose_hessian(a, body, plan, ymask, (ct_c, ct_k, ct_x))
     return [None] * len(a.steps) + out
@@ -297,8 +371,7 @@ def _adj_transpose_hessian(a: AdjArgs, body, plan, ymask, ct):
         full_k = full_from_floats(h.carry, q.carry_avals)
         full_x = full_from_floats(h.xs, qx_avals)
         dots = []
-        for vals, mask, full in ((cq_dot, mc, full_c), (kq_dot, mk, full_k),
-                                 (xq_dot, mx, full_x)):
+        for vals, mask, full in ((cq_dot, mc, full_c), (kq_dot, mk, full_k), (xq_dot, mx, full_x)):
             dots.append([h_ if undefined(v) else None for v, h_ in zip(vals, pick(mask, full))])
         out_c, out_k, out_x = dots
     else:
@@ -347,8 +420,10 @@ def adj_dce(used_outputs, eqn, halves=1):
         return [True] * len(eqn.invars), eqn
     selected = AdjOuts(used.consts, [True] * len(used.carry), used.xs)
     flags = flat(selected) * halves
-    batch_levels = tuple(dataclasses.replace(lv, out_axes=tuple(pick(flags, lv.out_axes)))
-                         for lv in params["batch_levels"])
+    batch_levels = tuple(
+        dataclasses.replace(lv, out_axes=tuple(pick(flags, lv.out_axes)))
+        for lv in params["batch_levels"]
+    )
     outvars = pick(flags, eqn.outvars)
     new = eqn.replace(params=dict(params, keep=keep, batch_levels=batch_levels), outvars=outvars)
     return [True] * len(eqn.invars), new

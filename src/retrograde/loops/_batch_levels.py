@@ -22,11 +22,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-from .._jax_private import ad, batching, core
 
+from .._jax_private import ad, batching, core
 from ._body import Body
 
 
@@ -70,9 +71,14 @@ def vmapped(fun: Callable, batch_levels: Sequence[BatchLevel]) -> Callable:
     """``fun`` (a function of the primitive's inputs returning the list of its outputs) under
     every level, innermost first."""
     for level in batch_levels:
-        fun = jax.vmap(fun, in_axes=level.in_axes, out_axes=list(level.out_axes),
-                       axis_size=level.size, axis_name=level.name,
-                       spmd_axis_name=level.spmd_name)
+        fun = jax.vmap(
+            fun,
+            in_axes=level.in_axes,
+            out_axes=list(level.out_axes),
+            axis_size=level.size,
+            axis_name=level.name,
+            spmd_axis_name=level.spmd_name,
+        )
     return fun
 
 
@@ -81,8 +87,9 @@ def batched_avals(avals, batch_levels: Sequence[BatchLevel]) -> list:
     axis inserted."""
     avals = list(avals)
     for level in batch_levels:
-        avals = [a if d is None else _with_axis(a, d, level.size)
-                 for a, d in zip(avals, level.out_axes)]
+        avals = [
+            a if d is None else _with_axis(a, d, level.size) for a, d in zip(avals, level.out_axes)
+        ]
     return avals
 
 
@@ -137,8 +144,7 @@ def _names_axis(params, name) -> bool:
         for eqn in jaxpr.eqns:
             for key in ("axis_name", "axes"):
                 named = eqn.params.get(key)
-                if named is not None and name in (named if isinstance(named, tuple)
-                                                  else (named,)):
+                if named is not None and name in (named if isinstance(named, tuple) else (named,)):
                     return True
             if _names_axis(eqn.params, name):
                 return True
@@ -163,20 +169,27 @@ def jvp_rule(unbatched: Callable):
 
         def f(primals, tangents_nz):
             it = iter(tangents_nz)
-            ts = [next(it) if m else ad.Zero(core.typeof(p).to_tangent_aval())
-                  for m, p in zip(nz, primals)]
+            ts = [
+                next(it) if m else ad.Zero(core.typeof(p).to_tangent_aval())
+                for m, p in zip(nz, primals)
+            ]
             po, to = rule(primals, ts, batch_levels=inner, **params)
             out_nz[:] = [type(t) is not ad.Zero for t in to]
             return list(po), [_placeholder() if type(t) is ad.Zero else t for t in to]
 
         axes_in = list(level.in_axes)
-        fun = jax.vmap(f, in_axes=(axes_in, [d for d, m in zip(axes_in, nz) if m]),
-                       out_axes=(list(level.out_axes), list(level.out_axes)),
-                       axis_size=level.size, axis_name=level.name,
-                       spmd_axis_name=level.spmd_name)
+        fun = jax.vmap(
+            f,
+            in_axes=(axes_in, [d for d, m in zip(axes_in, nz) if m]),
+            out_axes=(list(level.out_axes), list(level.out_axes)),
+            axis_size=level.size,
+            axis_name=level.name,
+            spmd_axis_name=level.spmd_name,
+        )
         po, to = fun(list(primals), [t for t, m in zip(tangents, nz) if m])
-        to = [t if m else ad.Zero(core.typeof(p).to_tangent_aval())
-              for t, m, p in zip(to, out_nz, po)]
+        to = [
+            t if m else ad.Zero(core.typeof(p).to_tangent_aval()) for t, m, p in zip(to, out_nz, po)
+        ]
         return po, to
 
     return rule
@@ -192,18 +205,22 @@ def transpose_rule(unbatched: Callable):
             return unbatched(cts, *args, batch_levels=(), **params)
         level, inner = batch_levels[-1], batch_levels[:-1]
         undef = [ad.is_undefined_primal(a) for a in args]
-        in_avals = [_without_axis(a.aval, d) if u else None
-                    for a, u, d in zip(args, undef, level.in_axes)]
+        in_avals = [
+            _without_axis(a.aval, d) if u else None for a, u, d in zip(args, undef, level.in_axes)
+        ]
         cts = list(cts)
         ct_nz = [type(c) is not ad.Zero for c in cts]
-        out_avals = [_without_axis(c.aval, d) if not m else None
-                     for c, m, d in zip(cts, ct_nz, level.out_axes)]
+        out_avals = [
+            _without_axis(c.aval, d) if not m else None
+            for c, m, d in zip(cts, ct_nz, level.out_axes)
+        ]
         got: list[bool] = []
 
         def f(defined, cts_nz):
             it_d, it_c = iter(defined), iter(cts_nz)
-            full = [ad.UndefinedPrimal(aval) if u else next(it_d)
-                    for u, aval in zip(undef, in_avals)]
+            full = [
+                ad.UndefinedPrimal(aval) if u else next(it_d) for u, aval in zip(undef, in_avals)
+            ]
             cts_full = [next(it_c) if m else ad.Zero(aval) for m, aval in zip(ct_nz, out_avals)]
             res = rule(cts_full, *full, batch_levels=inner, **params)
             res = [r for r, u in zip(res, undef) if u]
@@ -213,18 +230,26 @@ def transpose_rule(unbatched: Callable):
         # An output without a batch axis is one value that every element computes alike (its
         # inputs are unbatched, or a collective over the axis made it so): its cotangent is
         # shared out equally, so that the elements' contributions add up to it once.
-        shared = [c if d is not None else jnp.broadcast_to(c / level.size, (level.size, *c.shape))
-                  for c, d, m in zip(cts, level.out_axes, ct_nz) if m]
+        shared = [
+            c if d is not None else jnp.broadcast_to(c / level.size, (level.size, *c.shape))
+            for c, d, m in zip(cts, level.out_axes, ct_nz)
+            if m
+        ]
         n_undef = sum(undef)
         fun = jax.vmap(
             f,
-            in_axes=([d for d, u in zip(level.in_axes, undef) if not u],
-                     [0 if d is None else d for d, m in zip(level.out_axes, ct_nz) if m]),
-            out_axes=[0] * n_undef, axis_size=level.size, axis_name=level.name,
+            in_axes=(
+                [d for d, u in zip(level.in_axes, undef) if not u],
+                [0 if d is None else d for d, m in zip(level.out_axes, ct_nz) if m],
+            ),
+            out_axes=[0] * n_undef,
+            axis_size=level.size,
+            axis_name=level.name,
             spmd_axis_name=level.spmd_name,
         )
         res = fun([a for a, u in zip(args, undef) if not u], shared)
-        out, it = [], iter(zip(res, got, [d for d, u in zip(level.in_axes, undef) if u]))
+        out: list[Any] = []
+        it = iter(zip(res, got, [d for d, u in zip(level.in_axes, undef) if u]))
         for u in undef:
             if not u:
                 out.append(None)

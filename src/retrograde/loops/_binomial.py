@@ -40,7 +40,7 @@ def repetition(n, s):
     """r(n, s): the smallest r with beta(s, r) >= n; and beta(s, r)."""
 
     def cond(st):
-        r, b = st
+        _r, b = st
         return b < n
 
     def body(st):
@@ -89,8 +89,10 @@ def _beta_row(s, s_max: int, q_max: int):
     # (:mod:`._xla_cpu`; docs/performance.md, "The XLA CPU executor rule").
     unit = np.eye(q_max + 1, dtype=np.int32)
     sc = jnp.clip(s, 0, top)
-    row = sum(lax.dynamic_index_in_dim(jnp.asarray(table[:, q]), sc, 0, keepdims=False) * unit[q]
-              for q in range(q_max + 1))
+    row = sum(
+        lax.dynamic_index_in_dim(jnp.asarray(table[:, q]), sc, 0, keepdims=False) * unit[q]
+        for q in range(q_max + 1)
+    )
     if s_max <= TABLE_ROWS:
         return row
     c = jnp.minimum(s, _BETA2_EXACT)
@@ -125,16 +127,21 @@ def largest_split(n, s, s_max: int):
         def body(st):
             q, b1, bs = st
             q = q + 1
-            return q, (b1[1], b1[2], next_beta(b1[2], s - 1, q)), (bs[1], bs[2],
-                                                                    next_beta(bs[2], s, q))
+            return (
+                q,
+                (b1[1], b1[2], next_beta(b1[2], s - 1, q)),
+                (bs[1], bs[2], next_beta(bs[2], s, q)),
+            )
 
         zero = (i32(0), i32(0), i32(1))
         _, b1, bs = lax.while_loop(cond, body, (i32(0), zero, zero))
         return b1, bs
 
     def betas_table():
-        return ((at(row1, r - 2), at(row1, r - 1), at(row1, r)),
-                (at(row, r - 2), at(row, r - 1), at(row, r)))
+        return (
+            (at(row1, r - 2), at(row1, r - 1), at(row1, r)),
+            (at(row, r - 2), at(row, r - 1), at(row, r)),
+        )
 
     b1, bs = lax.cond(r <= q_max, betas_table, betas_loop)
     j1 = jnp.maximum(jnp.maximum(1, bs[0]), n - b1[1])  # q = r - 1

@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
-from .._jax_private import ad, pe
 from jax.extend import core as jex_core
+
+from .._jax_private import ad, pe
 
 Mask = tuple[bool, ...]
 
@@ -60,13 +61,33 @@ class Body:
     """
 
     __slots__ = (
-        "jaxpr", "nc", "nk", "nx", "ny", "parent", "masks", "stored", "fast", "guard", "_jvp_cache",
-        "_guarded_fast", "__weakref__",
+        "jaxpr",
+        "nc",
+        "nk",
+        "nx",
+        "ny",
+        "parent",
+        "masks",
+        "stored",
+        "fast",
+        "guard",
+        "_jvp_cache",
+        "_guarded_fast",
+        "__weakref__",
     )
 
-    def __init__(self, jaxpr, nc: int, nk: int, nx: int, parent: Body | None = None,
-                 masks: tuple[Mask, Mask, Mask, Mask] | None = None,
-                 stored: Mask | None = None, fast=None, guard=None):
+    def __init__(
+        self,
+        jaxpr,
+        nc: int,
+        nk: int,
+        nx: int,
+        parent: Body | None = None,
+        masks: tuple[Mask, Mask, Mask, Mask] | None = None,
+        stored: Mask | None = None,
+        fast=None,
+        guard=None,
+    ):
         if guard is not None and fast is None:
             raise ValueError("Body: a guard needs the unguarded step as fast.")
         self.jaxpr = jaxpr
@@ -190,14 +211,21 @@ def jvp_body(body: Body, mc: Mask, mk: Mask, mx: Mask) -> tuple[Body, Mask, Mask
         return [a.to_tangent_aval() for a, m in zip(avals, mask) if m]
 
     avals = [
-        *body.const_avals, *tangent_avals(body.const_avals, mc),
-        *body.carry_avals, *tangent_avals(body.carry_avals, mk_fix),
-        *body.x_avals, *tangent_avals(body.x_avals, mx),
+        *body.const_avals,
+        *tangent_avals(body.const_avals, mc),
+        *body.carry_avals,
+        *tangent_avals(body.carry_avals, mk_fix),
+        *body.x_avals,
+        *tangent_avals(body.x_avals, mx),
     ]
     closed = jax.make_jaxpr(augmented)(*[_sds(a) for a in avals])
     child = Body(
-        closed, nc + sum(mc), nk + n_kt, nx + sum(mx),
-        parent=body, masks=(mc, mk_fix, mx, my),
+        closed,
+        nc + sum(mc),
+        nk + n_kt,
+        nx + sum(mx),
+        parent=body,
+        masks=(mc, mk_fix, mx, my),
         stored=body.stored + tuple(st for st, m in zip(body.stored, mk_fix) if m),
     )
     result = (child, mk_fix, my)
@@ -234,8 +262,10 @@ def guarded(step, guard, nc: int, nk: int):
         (ok,) = run_guard(*args[: nc + nk])
         ok = jax.numpy.asarray(ok)  # a constant predicate comes back as a Python bool
         out = run_step(*args)
-        kept = [o if s else jax.numpy.where(ok.reshape(ok.shape + (1,) * (o.ndim - ok.ndim)), n, o)
-                for n, o, s in zip(out[:nk], args[nc : nc + nk], same)]
+        kept = [
+            o if s else jax.numpy.where(ok.reshape(ok.shape + (1,) * (o.ndim - ok.ndim)), n, o)
+            for n, o, s in zip(out[:nk], args[nc : nc + nk], same)
+        ]
         return [*kept, *out[nk:]]
 
     return jax.make_jaxpr(fun)(*[_sds(a) for a in step.in_avals])

@@ -56,8 +56,9 @@ def _programs(layout: Layout, repeats: int):
     return jax.jit(write), jax.jit(read)
 
 
-def calibrate(state_bytes: int, repeats: int = 4, directory: str | None = None,
-              runs: int = 3) -> list[Transfer]:
+def calibrate(
+    state_bytes: int, repeats: int = 4, directory: str | None = None, runs: int = 3
+) -> list[Transfer]:
     """Time writes and reads of one state of ``state_bytes`` bytes (float64 when x64 is on) to
     host RAM and to disk (a temporary file in ``directory``), ``repeats`` of each per level; the
     best of ``runs`` runs after a warm-up.
@@ -70,12 +71,17 @@ def calibrate(state_bytes: int, repeats: int = 4, directory: str | None = None,
         >>> [t.storage for t in calibrate(2**16, repeats=2, runs=1)]
         ['host', 'disk']
     """
-    dtype = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+    # jax.config's flags are attributes JAX's type information does not declare
+    dtype = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32  # type: ignore[attr-defined]
     u = jnp.ones((max(1, state_bytes // jnp.dtype(dtype).itemsize),), dtype)
     out = []
     for storage in ("host", "disk"):
-        level = Level(repeats, name=storage, storage=storage,
-                      directory=directory if storage == "disk" else None)
+        level = Level(
+            repeats,
+            name=storage,
+            storage=storage,
+            directory=directory if storage == "disk" else None,
+        )
         layout = Layout((level,), (0,) * repeats, tuple(range(repeats)), 0)
         write, read = _programs(layout, repeats)
         jax.block_until_ready(read(write(u), u))  # compile both
@@ -86,6 +92,9 @@ def calibrate(state_bytes: int, repeats: int = 4, directory: str | None = None,
             middle = time.perf_counter()
             jax.block_until_ready(read(handle, u))
             times.append((middle - start, time.perf_counter() - middle))
-        out.append(Transfer(storage, min(t[0] for t in times) / repeats,
-                            min(t[1] for t in times) / repeats))
+        out.append(
+            Transfer(
+                storage, min(t[0] for t in times) / repeats, min(t[1] for t in times) / repeats
+            )
+        )
     return out

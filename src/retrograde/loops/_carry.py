@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax, tree_util
+
 from .._jax_private import config, convert_element_type, core
 
 
@@ -97,7 +98,8 @@ def carry_name(fun: Callable, position: int, default: str) -> str:
     except (TypeError, ValueError):
         return default
     if len(params) > position and params[position].kind in (
-        inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
     ):
         return params[position].name
     return default
@@ -115,20 +117,23 @@ def _describe(node) -> str:
     if node is None:
         return "None"
     if tree_util.treedef_is_leaf(tree_util.tree_structure(node)):
-        return "an array" if isinstance(node, (jax.Array, core.Tracer)) else (
-            f"a leaf ({type(node).__name__})")
+        return (
+            "an array"
+            if isinstance(node, (jax.Array, core.Tracer))
+            else (f"a leaf ({type(node).__name__})")
+        )
     keys = [tree_util.keystr(p) for p, _ in children]
     return f"a {type(node).__name__} with children {', '.join(keys) or '(none)'}"
 
 
 def structure_diffs(a, b, path: tuple = ()) -> list[tuple[tuple, str, str]]:
     """Where the pytrees ``a`` and ``b`` differ in structure: ``(path, a's node, b's node)``."""
-    if tree_util.tree_structure(a) == tree_util.tree_structure(b):
+    if tree_util.tree_structure(a) == tree_util.tree_structure(b):  # type: ignore[operator]  # jaxlib: PyTreeDef untyped
         return []
     one_level = lambda t: tree_util.tree_flatten_with_path(t, is_leaf=lambda y: y is not t)
     (ka, ta), (kb, tb) = one_level(a), one_level(b)
     leaf = lambda t: t is not None and tree_util.treedef_is_leaf(tree_util.tree_structure(t))
-    if ta != tb or leaf(a) or leaf(b):
+    if ta != tb or leaf(a) or leaf(b):  # type: ignore[operator]  # jaxlib: PyTreeDef untyped
         return [(path, _describe(a), _describe(b))]
     out = []
     for (pa, ca), (_, cb) in zip(ka, kb):
@@ -145,8 +150,9 @@ def check_structure(names: Names, carry_in, carry_out) -> None:
     from its input carry. Trees that differ only in auxiliary data pass, as in ``jax.lax``."""
     diffs = structure_diffs(carry_in, carry_out)
     if diffs:
-        items = [f"{names.label(p)} is {a} in the input carry but {b} in the output"
-                 for p, a, b in diffs]
+        items = [
+            f"{names.label(p)} is {a} in the input carry but {b} in the output" for p, a, b in diffs
+        ]
         raise TypeError(
             f"{names.where}: {names.fun} must return a carry with the same pytree structure as "
             f"its input carry: {_join(items)}. Return the carry in the structure it came in."
@@ -164,10 +170,15 @@ def check_types(names: Names, paths, avals_in, avals_out) -> None:
     items = []
     for path, a, b in zip(paths, avals_in, avals_out):
         if not core.typematch(a, b):
-            what = [w for w, bad in (("dtypes", a.dtype != b.dtype), ("shapes", a.shape != b.shape))
-                    if bad]
-            items.append(f"{names.label(path)} goes in as {_type_str(a)} and comes "
-                         f"out as {_type_str(b)} (the {' and '.join(what) or 'types'} differ)")
+            what = [
+                w
+                for w, bad in (("dtypes", a.dtype != b.dtype), ("shapes", a.shape != b.shape))
+                if bad
+            ]
+            items.append(
+                f"{names.label(path)} goes in as {_type_str(a)} and comes "
+                f"out as {_type_str(b)} (the {' and '.join(what) or 'types'} differ)"
+            )
     if items:
         raise TypeError(
             f"{names.where}: {names.fun} must return each carry leaf with the shape and dtype it "
@@ -190,8 +201,10 @@ def trace_carry(trace: Callable, init: Sequence, check: Callable) -> tuple[Any, 
     """
     avals = [aval_of(v) for v in init]
     traced, out = trace(avals)
-    dtypes = [jnp.result_type(v, b) if a.weak_type and not core.typematch(a, b) else None
-              for v, a, b in zip(init, avals, out)]
+    dtypes = [
+        jnp.result_type(v, b) if a.weak_type and not core.typematch(a, b) else None
+        for v, a, b in zip(init, avals, out)
+    ]
     if any(d is not None for d in dtypes):
         avals = [a if d is None else core.ShapedArray(a.shape, d) for a, d in zip(avals, dtypes)]
         traced, out = trace(avals)
@@ -207,16 +220,22 @@ def convert(values: Sequence, dtypes: Sequence) -> list:
 def with_weak_types(values: Sequence, avals: Sequence) -> list:
     """``values`` with the weak types of ``avals`` (a loop's results are typed as its step's
     outputs, as in ``jax.lax``); the dtypes already agree."""
-    return [v if core.typeof(v).weak_type == a.weak_type
-            else convert_element_type(v, a.dtype, weak_type=a.weak_type)
-            for v, a in zip(values, avals)]
+    return [
+        v
+        if core.typeof(v).weak_type == a.weak_type
+        else convert_element_type(v, a.dtype, weak_type=a.weak_type)
+        for v, a in zip(values, avals)
+    ]
 
 
 def check_pair(out, names: Names) -> None:
     """A scan step returns ``(carry, y)``: a tuple or list of two, as ``jax.lax.scan`` accepts."""
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
-        got = f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else (
-            f"{type(out).__name__}")
+        got = (
+            f"a {type(out).__name__} of {len(out)}"
+            if isinstance(out, (tuple, list))
+            else (f"{type(out).__name__}")
+        )
         raise TypeError(f"{names.where}: {names.fun} must return a pair (carry, y), got {got}.")
 
 
@@ -258,7 +277,11 @@ class StepCache:
         full = (tuple(map(id, targets)), config.trace_context(), key)
         try:
             hash(full)
-            refs = [weakref.ref(t, lambda _, k=full: self._entries.pop(k, None)) for t in targets]
+
+            def forget(_ref: object, k: tuple = full) -> None:
+                self._entries.pop(k, None)
+
+            refs = [weakref.ref(t, forget) for t in targets]
         except TypeError:  # not weakly referenceable or unhashable: no caching
             return build()
         entry = self._entries.get(full)

@@ -22,9 +22,21 @@ from ._tables import Tables
 i32 = jnp.int32
 
 
-def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = None, *,
-            ys: bool = True, slots=None, unroll=1, batched=False, off: Offload | None = None,
-            stored=None):
+def forward(
+    body: Body,
+    length: int,
+    consts,
+    carry,
+    xs,
+    tables: Tables | None = None,
+    *,
+    ys: bool = True,
+    slots=None,
+    unroll=1,
+    batched=False,
+    off: Offload | None = None,
+    stored=None,
+):
     """Run all ``N = length`` steps. Returns ``(carry_N, ys, snaps)``: the stacked per-step
     outputs (none unless ``ys``), and with ``tables`` the snapshots, ``S`` rows of each stored
     carry leaf (written into ``slots`` if given) followed by the stored leaves of ``u_{N-1}``.
@@ -80,8 +92,7 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
         def segment(q, st):  # advance to the q-th store point and store there
             state, slots = st
             p = steps[q]
-            state = lax.fori_loop(jnp.where(q > 0, steps[jnp.maximum(q - 1, 0)], 0), p, one,
-                                  state)
+            state = lax.fori_loop(jnp.where(q > 0, steps[jnp.maximum(q - 1, 0)], 0), p, one, state)
             return state, keep(where[q], p, state[0], slots)
 
         if m:
@@ -99,8 +110,9 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
             return one(i, state), slots, ptr + hit.astype(i32)
 
         # The last step is taken apart: its state u_{N-1} is the reverse sweep's first.
-        state, slots, _ = lax.fori_loop(0, n - 1, advance, (state, list(slots), i32(0)),
-                                        unroll=unroll)
+        state, slots, _ = lax.fori_loop(
+            0, n - 1, advance, (state, list(slots), i32(0)), unroll=unroll
+        )
     elif n > 1:  # many stores: each step's slot (-1: none) read off a table of N - 1
         slot_of = np.full(n - 1, -1, np.int32)
         below = at_steps < n - 1
@@ -126,8 +138,9 @@ def forward(body: Body, length: int, consts, carry, xs, tables: Tables | None = 
 DENSE = 4
 
 
-def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry, save: bool,
-                  axes=(), layout=None):
+def forward_while(
+    body: Body, cond: Body, n_slots: int, max_steps, consts, carry, save: bool, axes=(), layout=None
+):
     """Run ``while cond(carry) and n < max_steps: carry = body(carry)``; with ``save``, place
     snapshots by the ``Online`` rule as steps arrive. Returns ``(carry_N, N, slots, held)``:
     ``S`` rows of each stored carry leaf and int32[S] held steps (``-1`` empty). Under ``vmap``
@@ -165,9 +178,13 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
 
         start = None  # the first step of the phase, None for the first phase
         for place, stop in phases:
+
             def more(s, start=start, stop=stop):
-                ok = go(s[0], s[1]) if start is None else lax.cond(
-                    s[0] >= start, go, lambda *_: jnp.bool_(False), s[0], s[1])
+                ok = (
+                    go(s[0], s[1])
+                    if start is None
+                    else lax.cond(s[0] >= start, go, lambda *_: jnp.bool_(False), s[0], s[1])
+                )
                 return ok if stop is None else ok & (s[0] < stop)
 
             state = lax.while_loop(more, one(place), state)
@@ -180,7 +197,10 @@ def forward_while(body: Body, cond: Body, n_slots: int, max_steps, consts, carry
         return carry, n, [], held
     if layout is not None:  # Online(s, slow=...): thinning on the offloaded slots
         off = Offload.open(layout, n_device=0)
-        n, carry, _, held = run([(lambda *a: place_thinned(*a, off=off), None)], state)
+        n, carry, _, held = run(
+            [(lambda n, snap, slots, held: place_thinned(n, snap, slots, held, off=off), None)],
+            state,
+        )
         return carry, n, [off.handle, *tags_of(body.snapshot(carry))], held
     n, carry, slots, held = run(online_phases(n_slots, max_steps), state)
     return carry, n, slots, held

@@ -8,16 +8,24 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .._jax_private import ad, core, dispatch, mlir, pe
 from jax.extend.core import Primitive
 
+from .._jax_private import ad, core, dispatch, mlir, pe
 from . import _batch_levels
 from ._body import Body, cut
 from ._forward_sweep import forward
 from ._offload import Offload, release_with, unread_snapshots_dce
 from ._primitives import (
-    LoopPlan, abstract_eval, batch_axes, batched, carry_fixpoint, lowering, pick, split_groups,
-    ys_avals, zero,
+    LoopPlan,
+    abstract_eval,
+    batch_axes,
+    batched,
+    carry_fixpoint,
+    lowering,
+    pick,
+    split_groups,
+    ys_avals,
+    zero,
 )
 from ._tan_p import apply_tangent
 
@@ -61,8 +69,8 @@ def _fwd_outs(body, plan, save):
 
 
 fwd_p.def_effectful_abstract_eval(
-    abstract_eval(lambda body, plan, save: _fwd_outs(body, plan, save),
-                  lambda plan, save: save))
+    abstract_eval(lambda body, plan, save: _fwd_outs(body, plan, save), lambda plan, save: save)
+)
 
 
 # ----------------------------------------------------------------------------- lowering
@@ -71,9 +79,20 @@ fwd_p.def_effectful_abstract_eval(
 def _fwd_impl(args, body, plan, save, axes):
     a = FwdArgs.of(args, body)
     tables = plan.tables() if save else None
-    off = Offload.open(tables.offload) if tables is not None and tables.offload is not None else None
-    carry, ys, snaps = forward(body, plan.length, a.consts, a.carry, a.xs, tables,
-                               unroll=plan.unroll, batched=bool(axes), off=off)
+    off = (
+        Offload.open(tables.offload) if tables is not None and tables.offload is not None else None
+    )
+    carry, ys, snaps = forward(
+        body,
+        plan.length,
+        a.consts,
+        a.carry,
+        a.xs,
+        tables,
+        unroll=plan.unroll,
+        batched=bool(axes),
+        off=off,
+    )
     return [*carry, *ys, *snaps, *([off.handle] if off is not None else [])]
 
 
@@ -101,8 +120,9 @@ def _fwd_jvp(primals, tangents, *, body, plan, save, batch_levels):
     # costs one extra forward sweep, at higher order only.
     # The snapshots' tangents are saved only for an adjoint that reads the snapshots (``save``).
     save_tangents = save and plan.offload is None
-    tk, ty, *saved = apply_tangent(body, plan, a, [] if save else snaps, t,
-                                   save_tangents=save_tangents)
+    tk, ty, *saved = apply_tangent(
+        body, plan, a, [] if save else snaps, t, save_tangents=save_tangents
+    )
     if not save:
         return [*carry, *ys], [*tk, *ty]
     dsnaps = saved[0] if save_tangents else [zero(core.typeof(v)) for v in snaps]
@@ -128,8 +148,9 @@ pe.dce_rules[fwd_p] = _fwd_dce
 
 def _fwd_out_axes(data, dims, *, body, plan, save):
     d = FwdArgs.of(dims, body)
-    carry_b, ys_b = carry_fixpoint(body.jaxpr, data, batched(d.consts), batched(d.carry),
-                                   batched(d.xs), body.nk)
+    carry_b, ys_b = carry_fixpoint(
+        body.jaxpr, data, batched(d.consts), batched(d.carry), batched(d.xs), body.nk
+    )
     snaps = 2 * batch_axes(pick(body.stored, carry_b)) if save else []
     handle = [None] if save and plan.offload is not None else []
     return batch_axes(carry_b) + batch_axes(ys_b) + snaps + handle

@@ -60,8 +60,21 @@ L_FREE, L_HELD, L_PAIRS = 0, 1, 2
 
 # The scalar registers travel packed in one int32 vector: a loop carrying the machine copies and
 # selects one small array per step instead of a dozen scalars (each its own XLA thunk).
-REGISTERS = ("a", "b", "s", "slot_a", "at_hand", "k", "adv", "phase", "sp", "fp", "lkind",
-             "lbase", "taken")
+REGISTERS = (
+    "a",
+    "b",
+    "s",
+    "slot_a",
+    "at_hand",
+    "k",
+    "adv",
+    "phase",
+    "sp",
+    "fp",
+    "lkind",
+    "lbase",
+    "taken",
+)
 _FLAGS = ("at_hand", "adv")
 
 
@@ -117,18 +130,28 @@ def init(n_slots: int, steps, slots, n_held, n_steps, at_hand: bool):
     ends = jnp.where(idx + 1 < n_seg, jnp.roll(steps, -1), last_end)
     release = jnp.where(idx + 1 < n_seg, jnp.roll(slots, -1), -1)
     pad = jnp.zeros((depth - n_slots,), i32)
-    stack = Task(*(jnp.concatenate([jnp.where(is_seg, v, 0), pad])
-                   for v in (steps, ends, slots, release)))
+    stack = Task(
+        *(jnp.concatenate([jnp.where(is_seg, v, 0), pad]) for v in (steps, ends, slots, release))
+    )
     # Free slots: every slot but those of the stacked segments.
-    used = jnp.zeros((n_slots,), bool).at[jnp.where(is_seg, slots, n_slots)].set(True,
-                                                                                  mode="drop")
+    used = jnp.zeros((n_slots,), bool).at[jnp.where(is_seg, slots, n_slots)].set(True, mode="drop")
     order = argsort(used)  # unused first
     n_free = n_slots - n_seg
     free = jnp.where(jnp.arange(n_slots, dtype=i32) < n_free, order, 0)
     regs = dict(
-        a=last_end, b=n_steps, s=i32(1), slot_a=i32(0), at_hand=False, adv=False,
-        phase=jnp.where(trail > 0, P_TRAIL, P_POP), sp=n_seg - 1, fp=n_free,
-        lkind=i32(L_HELD), lbase=n_seg, k=hand, taken=i32(0),
+        a=last_end,
+        b=n_steps,
+        s=i32(1),
+        slot_a=i32(0),
+        at_hand=False,
+        adv=False,
+        phase=jnp.where(trail > 0, P_TRAIL, P_POP),
+        sp=n_seg - 1,
+        fp=n_free,
+        lkind=i32(L_HELD),
+        lbase=n_seg,
+        k=hand,
+        taken=i32(0),
     )
     return _pack(regs, stack=stack, free=free, held=slots)
 
@@ -173,14 +196,16 @@ def leaf_slots(st, with_pairs=False):
     # the p-th from the bottom goes to the free slot fp - 1 - p.
     q, p = r["taken"] - i // 2, i // 2
     seg = _take(st["stack"].slot, r["lbase"] - (q - 1))
-    pairs = jnp.where(i % 2 == 0, jnp.where(q == 0, r["slot_a"], seg),
-                      _take(st["free"], fp - 1 - p))
+    pairs = jnp.where(
+        i % 2 == 0, jnp.where(q == 0, r["slot_a"], seg), _take(st["free"], fp - 1 - p)
+    )
     return jnp.where(r["lkind"] == L_PAIRS, pairs, out)
 
 
 def _action(kind, restore=-1, start=0, stop=0, first=0, store=-1, fresh=False):
-    return Action(*(jnp.asarray(v).astype(i32) for v in (kind, restore, start, stop, first, store,
-                                                          fresh)))
+    return Action(
+        *(jnp.asarray(v).astype(i32) for v in (kind, restore, start, stop, first, store, fresh))
+    )
 
 
 def step(st, with_pairs=False):
@@ -197,8 +222,15 @@ def step(st, with_pairs=False):
     frees = (r["sp"] >= 0) & (top.release >= 0)
     fp_pop = r["fp"] + frees.astype(i32)
     popped = dict(
-        r, a=top.a, b=top.b, slot_a=top.slot, s=fp_pop + 1, at_hand=False, fp=fp_pop,
-        sp=r["sp"] - 1, phase=jnp.where(r["sp"] < 0, P_DONE, P_TASK),
+        r,
+        a=top.a,
+        b=top.b,
+        slot_a=top.slot,
+        s=fp_pop + 1,
+        at_hand=False,
+        fp=fp_pop,
+        sp=r["sp"] - 1,
+        phase=jnp.where(r["sp"] < 0, P_DONE, P_TASK),
     )
     popping = phase == P_POP
     regs = select(popping, popped, r)
@@ -206,8 +238,12 @@ def step(st, with_pairs=False):
 
     task_out, splits = _task(regs, free)
     new, action = dict(regs, phase=i32(P_DONE)), _action(DONE)
-    for k, out in ((P_TRAIL, _trail(regs)), (P_TASK, task_out), (P_S1, _s1(regs)),
-                   (P_LAST, _last(regs))):
+    for k, out in (
+        (P_TRAIL, _trail(regs)),
+        (P_TASK, task_out),
+        (P_S1, _s1(regs)),
+        (P_LAST, _last(regs)),
+    ):
         new, action = select(regs["phase"] == k, out, (new, action))
     new = dict(new, taken=i32(0))
     if with_pairs:
@@ -237,9 +273,14 @@ def _pairs(r, new, action, stack, free):
     pairs = _action(PAIRS, start=b - 2 * (taken + 1), stop=b, first=b - 1, fresh=True)
     action = select(taken > 0, pairs, action)
     free = free.at[jnp.where(i < taken, fp + i, free.shape[0])].set(seg.release, mode="drop")
-    new = dict(new, taken=taken, sp=new["sp"] - taken, fp=new["fp"] + taken,
-               lkind=jnp.where(taken > 0, L_PAIRS, new["lkind"]),
-               lbase=jnp.where(taken > 0, sp, new["lbase"]))
+    new = dict(
+        new,
+        taken=taken,
+        sp=new["sp"] - taken,
+        fp=new["fp"] + taken,
+        lkind=jnp.where(taken > 0, L_PAIRS, new["lkind"]),
+        lbase=jnp.where(taken > 0, sp, new["lbase"]),
+    )
     return new, action, free
 
 
@@ -264,10 +305,21 @@ def _task(r, free):
     new_slot = _read(free, r["fp"] - 1)
     splits = ~leafy & ~one_slot & ~last
     # A one-step leaf whose state is in its slot records from there (no restore).
-    leaf = _action(LEAF, restore=jnp.where(n == 1, -1, restore), start=a, stop=b, first=a,
-                   fresh=(n > 1) | at_hand)
-    move = _action(MOVE, restore=restore, start=a, stop=jnp.where(one_slot, b - 1, m),
-                   store=jnp.where(splits, new_slot, -1))
+    leaf = _action(
+        LEAF,
+        restore=jnp.where(n == 1, -1, restore),
+        start=a,
+        stop=b,
+        first=a,
+        fresh=(n > 1) | at_hand,
+    )
+    move = _action(
+        MOVE,
+        restore=restore,
+        start=a,
+        stop=jnp.where(one_slot, b - 1, m),
+        store=jnp.where(splits, new_slot, -1),
+    )
     new = dict(
         r,
         phase=jnp.where(leafy, P_POP, jnp.where(one_slot, P_S1, jnp.where(last, P_LAST, P_TASK))),
@@ -291,8 +343,12 @@ def _s1(r):
     leaf = _action(LEAF, start=k, stop=k + 1, first=k, fresh=True)
     recorded = r["adv"]
     new = dict(
-        r, at_hand=False, adv=~recorded, k=jnp.where(recorded, k - 1, k),
-        phase=jnp.where(recorded & (k - 1 < a), P_POP, P_S1), lkind=i32(L_FREE),
+        r,
+        at_hand=False,
+        adv=~recorded,
+        k=jnp.where(recorded, k - 1, k),
+        phase=jnp.where(recorded & (k - 1 < a), P_POP, P_S1),
+        lkind=i32(L_FREE),
     )
     return new, select(recorded, leaf, move)
 
@@ -313,8 +369,8 @@ def argsort(x):
 def _read(x, i):
     """``x[i]`` with ``i`` clamped into range (``x`` an array or a :class:`Task`)."""
     return tree_util.tree_map(
-        lambda v: lax.dynamic_index_in_dim(v, jnp.clip(i, 0, v.shape[0] - 1), 0, keepdims=False),
-        x)
+        lambda v: lax.dynamic_index_in_dim(v, jnp.clip(i, 0, v.shape[0] - 1), 0, keepdims=False), x
+    )
 
 
 def _take(x, i):

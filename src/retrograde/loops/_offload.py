@@ -45,15 +45,16 @@ import itertools
 import threading
 import time
 import weakref
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from .._jax_private import batching, callback, core, dispatch, effects, mlir
 from jax.extend.core import Primitive
 
-from .._store import SnapshotError, Store, level_storage
+from .._jax_private import batching, callback, core, dispatch, effects, mlir
+from .._store import Snapshot, SnapshotError, Store, level_storage
 from ..schedules import Level
 from . import _machine as machine
 
@@ -119,8 +120,7 @@ def two_level(schedule) -> Layout | None:
     if slow is None:
         return None
     d, h = schedule.snapshots, slow.slots
-    return Layout(tuple(schedule.levels), (0,) * d + (1,) * h, tuple(range(d)) + tuple(range(h)),
-                  d)
+    return Layout(tuple(schedule.levels), (0,) * d + (1,) * h, tuple(range(d)) + tuple(range(h)), d)
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -176,9 +176,12 @@ def offload_stats(reset: bool = False) -> OffloadStats:
         0
     """
     with _LOCK:
-        out = dataclasses.replace(
-            _STATS, **{f.name: dict(getattr(_STATS, f.name))
-                       for f in dataclasses.fields(_STATS) if f.type == "dict"})
+        copies: dict[str, Any] = {
+            f.name: dict(getattr(_STATS, f.name))
+            for f in dataclasses.fields(_STATS)
+            if f.type == "dict"
+        }
+        out = dataclasses.replace(_STATS, **copies)
         out.open_stores = len(_RUNS)
         out.held_bytes = sum(run.nbytes for run in _RUNS.values())
         if reset:
@@ -219,7 +222,7 @@ class _Run:
     def __init__(self, layout: Layout):
         self.layout = layout
         self.stores: dict[int, Store] = {}
-        self.held: dict[tuple[int, int], object] = {}  # (level, slot) -> its snapshot
+        self.held: dict[tuple[int, int], Snapshot] = {}  # (level, slot) -> its snapshot
 
     def level(self, j):
         """``(level, slot, store)`` of offloaded slot ``j``."""
@@ -371,7 +374,8 @@ def _untagged(tag):
 open_p.def_effectful_abstract_eval(lambda *, layout: ([_HANDLE], {EFFECT}))
 put_p.def_effectful_abstract_eval(lambda *args, layout: ([], {EFFECT}))
 get_p.def_effectful_abstract_eval(
-    lambda h, j, n, *tags, layout: ([_untagged(t) for t in tags], {EFFECT}))
+    lambda h, j, n, *tags, layout: ([_untagged(t) for t in tags], {EFFECT})
+)
 close_p.def_effectful_abstract_eval(lambda h: ([], {EFFECT}))
 
 
@@ -384,27 +388,50 @@ def _lowering(make_callback, n_operands=lambda n_args: n_args):
         n = n_operands(len(args))
         operands, avals_in = list(args[:n]), list(ctx.avals_in[:n])
         fun = make_callback(ctx.avals_out, **params)
-        sharding = callback._callback_op_sharding(ctx.module_context.axis_context, None,
-                                                   ctx.avals_out)
+        sharding = callback._callback_op_sharding(
+            ctx.module_context.axis_context, None, ctx.avals_out
+        )
         result, token, _ = callback.emit_python_callback(
-            ctx.replace(avals_in=avals_in), fun, ctx.tokens_in.get(EFFECT), operands, avals_in,
-            ctx.avals_out, has_side_effect=True, returns_token=True, sharding=sharding)
+            ctx.replace(avals_in=avals_in),
+            fun,
+            ctx.tokens_in.get(EFFECT),
+            operands,
+            avals_in,
+            ctx.avals_out,
+            has_side_effect=True,
+            returns_token=True,
+            sharding=sharding,
+        )
         ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({EFFECT: token})))
         return result
 
     return rule
 
 
-mlir.register_lowering(open_p, _lowering(
-    lambda avals, layout: lambda: (np.int32(_open(layout)),)), cacheable=False)
-mlir.register_lowering(put_p, _lowering(
-    lambda avals, layout: lambda h, j, n, *u: _put(h, j, n, u) or (),
-    lambda n_args: 3 + (n_args - 3) // 2), cacheable=False)
-mlir.register_lowering(get_p, _lowering(
-    lambda avals, layout: lambda h, j, n: _get(h, j, n, avals), lambda n_args: 3),
-    cacheable=False)
-mlir.register_lowering(close_p, _lowering(lambda avals: lambda h: _close(h) or ()),
-                       cacheable=False)
+def _put_results(h, j, n, *u) -> tuple[()]:
+    _put(h, j, n, u)
+    return ()
+
+
+def _close_results(h) -> tuple[()]:
+    _close(h)
+    return ()
+
+
+mlir.register_lowering(
+    open_p, _lowering(lambda avals, layout: lambda: (np.int32(_open(layout)),)), cacheable=False
+)
+mlir.register_lowering(
+    put_p,
+    _lowering(lambda avals, layout: _put_results, lambda n_args: 3 + (n_args - 3) // 2),
+    cacheable=False,
+)
+mlir.register_lowering(
+    get_p,
+    _lowering(lambda avals, layout: lambda h, j, n: _get(h, j, n, avals), lambda n_args: 3),
+    cacheable=False,
+)
+mlir.register_lowering(close_p, _lowering(lambda avals: _close_results), cacheable=False)
 
 
 def _unbatched_index(dims):
@@ -425,7 +452,7 @@ def _put_batched(data, args, dims, *, layout):
     values, tags = args[3 : 3 + n], args[3 + n :]
     dv, dt = dims[3 : 3 + n], dims[3 + n :]
     out = []
-    for v, d, t, e in zip(values, dv, tags, dt):
+    for v, d, _t, e in zip(values, dv, tags, dt):
         if d is not None and e is None:
             v = lax.index_in_dim(v, 0, d, keepdims=False)
         elif d is None and e is not None:
@@ -487,9 +514,12 @@ class Offload:
         if ``k`` is one; ``k_device`` is ``k`` for a device slot, else ``-1``."""
         far = k >= self.n_device
         tags = self.tags if self.tags is not None else tags_of(cur)
-        cur = lax.cond(far, lambda c: get_p.bind(self.handle, k - self.n_device, step, *tags,
-                                                 layout=self.layout),
-                       lambda c: list(c), list(cur))
+        cur = lax.cond(
+            far,
+            lambda c: get_p.bind(self.handle, k - self.n_device, step, *tags, layout=self.layout),
+            lambda c: list(c),
+            list(cur),
+        )
         self._count("read", k)
         return jnp.where(far, -1, k), cur
 
@@ -498,9 +528,14 @@ class Offload:
         ``pred``); returns ``k`` for a device slot, else ``-1``."""
         far = (k >= self.n_device) & pred
         tags = self.tags if self.tags is not None else tags_of(values)
-        lax.cond(far, lambda v: put_p.bind(self.handle, k - self.n_device, step, *v, *tags,
-                                           layout=self.layout),
-                 lambda v: [], list(values))
+        lax.cond(
+            far,
+            lambda v: put_p.bind(
+                self.handle, k - self.n_device, step, *v, *tags, layout=self.layout
+            ),
+            lambda v: [],
+            list(values),
+        )
         self._count("write", jnp.where(pred, k, -1))
         return jnp.where(far, -1, k)
 
@@ -521,12 +556,15 @@ def unread_snapshots_dce(used_outputs, eqn, n_kept: int, effects):
     forward-mode program) are not laid, so no store is opened (it would stay open, unread);
     ``effects``: the primitive's effects without ``save``."""
     params = eqn.params
-    if params["save"] and params["plan"].offload is not None and not any(
-            used_outputs[n_kept:]):
-        levels = tuple(dataclasses.replace(lv, out_axes=lv.out_axes[:n_kept])
-                       for lv in params["batch_levels"])
-        eqn = eqn.replace(params=dict(params, save=False, batch_levels=levels),
-                          outvars=eqn.outvars[:n_kept], effects=effects)
+    if params["save"] and params["plan"].offload is not None and not any(used_outputs[n_kept:]):
+        levels = tuple(
+            dataclasses.replace(lv, out_axes=lv.out_axes[:n_kept]) for lv in params["batch_levels"]
+        )
+        eqn = eqn.replace(
+            params=dict(params, save=False, batch_levels=levels),
+            outvars=eqn.outvars[:n_kept],
+            effects=effects,
+        )
         used_outputs = used_outputs[:n_kept]
     if not any(used_outputs) and not eqn.effects:
         return [False] * len(eqn.invars), None
@@ -565,7 +603,7 @@ class Segments:
 
     with_pairs = False  # no PAIRS leaves (see _sources.BinomialSource)
     control_apart = True  # the machine's step, as _sources.BinomialSource's
-    first = None  # the first action is read as the others are
+    first: jax.Array | None = None  # the first action is read as the others are
 
     def __init__(self, n_device: int, held, n_steps):
         big = jnp.iinfo(jnp.int32).max
@@ -586,8 +624,14 @@ class Segments:
         valid = i >= 0
         d = self.n_device
         steps = jnp.zeros((d,), i32).at[0].set(a)
-        return machine.init(d, steps, jnp.zeros((d,), i32), jnp.where(valid, 1, 0).astype(i32),
-                            jnp.where(valid, b, 0).astype(i32), at_hand=False)
+        return machine.init(
+            d,
+            steps,
+            jnp.zeros((d,), i32),
+            jnp.where(valid, 1, 0).astype(i32),
+            jnp.where(valid, b, 0).astype(i32),
+            at_hand=False,
+        )
 
     def step(self, st):
         i, pending, ms = st
@@ -595,8 +639,20 @@ class Segments:
         switch = ~pending & (act.kind == machine.DONE) & (i > 0)
         j = jnp.where(switch, i - 1, i)
         a, _ = self._segment(j)
-        restore = machine.Action(*(jnp.asarray(v, i32) for v in (
-            machine.MOVE, self.n_device + self.order[jnp.maximum(j, 0)], a, a, 0, 0, 0)))
+        restore = machine.Action(
+            *(
+                jnp.asarray(v, i32)
+                for v in (
+                    machine.MOVE,
+                    self.n_device + self.order[jnp.maximum(j, 0)],
+                    a,
+                    a,
+                    0,
+                    0,
+                    0,
+                )
+            )
+        )
         emit = (pending & (i >= 0)) | switch
         ms = machine.select(switch, self._machine(j), machine.select(pending, ms, ms_next))
         act = machine.select(emit, restore, act)

@@ -55,16 +55,16 @@ abstract-evaluation and lowering rules' common form, and the batching fixpoint.
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import jax.numpy as jnp
-from .._jax_private import ad, batching, core, mlir
 
-from ..schedules import Schedule
+from .._jax_private import ad, batching, core, mlir
+from ..schedules import Online, Schedule
 from . import _batch_levels
 from ._body import Body, cut, is_float
 from ._offload import Layout, stored_effects, two_level
 from ._tables import tables_for
-
 
 # ----------------------------------------------------------------------------- static parameters
 
@@ -97,7 +97,7 @@ class LoopPlan:
     def n_slots(self) -> int:
         """Snapshot slots (in device memory)."""
         if self.dynamic:
-            return self.schedule.snapshots
+            return cast(Online, self.schedule).snapshots  # a while loop's schedule is Online
         return tables_for(self.schedule, self.length).n_slots
 
     def tables(self):
@@ -121,8 +121,11 @@ class LoopPlan:
         handle = [core.ShapedArray((), jnp.int32)] if self.offload is not None else []
         if self.dynamic:
             if handle:  # and the stored leaves' tags (``_offload.tags_of``)
-                return handle + [timed(a, 0) for a in body.snapshot_avals] + [
-                    core.ShapedArray((self.offload.n_offloaded,), jnp.int32)]
+                return (
+                    handle
+                    + [timed(a, 0) for a in body.snapshot_avals]
+                    + [core.ShapedArray((self.offload.n_offloaded,), jnp.int32)]
+                )
             return rows + [core.ShapedArray((self.n_slots,), jnp.int32)]
         return rows + list(body.snapshot_avals) + handle
 
@@ -236,8 +239,12 @@ def carry_fixpoint(jaxpr, data, consts_b, carry_b, xs_b, nk):
     initially or made batched by a step. Returns ``(carry_b, ys_b)``."""
     carry_b = list(carry_b)
     for _ in range(nk + 1):
-        _, out_b = batching.batch_jaxpr(jaxpr, data, [*consts_b, *carry_b, *xs_b],
-                                        instantiate=carry_b + [False] * (len(jaxpr.out_avals) - nk))
+        _, out_b = batching.batch_jaxpr(
+            jaxpr,
+            data,
+            [*consts_b, *carry_b, *xs_b],
+            instantiate=carry_b + [False] * (len(jaxpr.out_avals) - nk),
+        )
         new = [a or b for a, b in zip(carry_b, out_b[:nk])]
         if new == carry_b:
             return carry_b, list(out_b[nk:])

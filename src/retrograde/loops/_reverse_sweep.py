@@ -83,8 +83,7 @@ class StepRunner:
         self.fc, self.fx = _differentiated(body, keep)
         self.fk = [is_float(a) for a in body.carry_avals]
         # Float carry leaves held constant (their cotangents come out zero).
-        self.held_k = ([False] * sum(self.fk) if keep is None
-                       else [not k for k in keep.carry])
+        self.held_k = [False] * sum(self.fk) if keep is None else [not k for k in keep.carry]
         self.fy = [is_float(a) for a in body.y_avals]
         self.y_avals_f = [a for a, f in zip(body.y_avals, self.fy) if f]
         ybar_of = iter(ys_bar)
@@ -111,7 +110,8 @@ class StepRunner:
         x = row(self.xs, i)
         full = self.full(cur)
         ybar_i = [
-            lax.dynamic_index_in_dim(yb, i, 0, keepdims=False) if yb is not None
+            lax.dynamic_index_in_dim(yb, i, 0, keepdims=False)
+            if yb is not None
             else jnp.zeros(a.shape, a.dtype)
             for yb, a in zip(self.ybar_full, self.y_avals_f)
         ]
@@ -201,8 +201,9 @@ def reverse(steps: StepRunner, source: MacroActionSource, cur, slots, kbar, cbar
 
     def move(c):
         m, act, cur, slots = c
-        cur, slots = once(act[0] == machine.MOVE,
-                          lambda cs: steps.move(machine.Action(*act), *cs), (cur, slots))
+        cur, slots = once(
+            act[0] == machine.MOVE, lambda cs: steps.move(machine.Action(*act), *cs), (cur, slots)
+        )
         return (*next_action(m), cur, slots)
 
     def control(m):
@@ -241,8 +242,19 @@ def _cotangent_init(body, consts, xs, keep=None):
     return consts_bar, xs_bar
 
 
-def adjoint(body: Body, tables: Tables, consts, carry0, xs, snaps, carry_bar, ys_bar, ymask,
-            keep=None, axes=()):
+def adjoint(
+    body: Body,
+    tables: Tables,
+    consts,
+    carry0,
+    xs,
+    snaps,
+    carry_bar,
+    ys_bar,
+    ymask,
+    keep=None,
+    axes=(),
+):
     """Execute the schedule's reverse sweep from the forward sweep's snapshots ``snaps`` (as
     :func:`._forward_sweep.forward` returns them), or, with ``snaps is None``, its forward sweep
     first; return the cotangents of the float leaves of consts, carry_0 and xs.
@@ -263,8 +275,9 @@ def adjoint(body: Body, tables: Tables, consts, carry0, xs, snaps, carry_bar, ys
         steps.off = off
         if off is not None:  # the stored snapshots are batched as u_{N-1} is
             off.tags = tags_of(snaps[ns:])
-        kbar, cbar, xbar = reverse(steps, source_for(tables), snaps[ns:], snaps[:ns], carry_bar,
-                                   consts_bar, xs_bar)
+        kbar, cbar, xbar = reverse(
+            steps, source_for(tables), snaps[ns:], snaps[:ns], carry_bar, consts_bar, xs_bar
+        )
         if off is not None:  # the last read of the store: release it
             off.close()
         return cbar, kbar, xbar
@@ -278,8 +291,18 @@ def adjoint(body: Body, tables: Tables, consts, carry0, xs, snaps, carry_bar, ys
     def own():
         rows = zeros_after(body.snapshot_avals, (tables.n_slots,), [*carry_bar, *carry0])
         off = Offload.open(tables.offload) if tables.offload is not None else None
-        _, _, own_snaps = forward(body, tables.length, consts, carry0, xs, tables, ys=False,
-                                  slots=rows, batched=bool(axes), off=off)
+        _, _, own_snaps = forward(
+            body,
+            tables.length,
+            consts,
+            carry0,
+            xs,
+            tables,
+            ys=False,
+            slots=rows,
+            batched=bool(axes),
+            off=off,
+        )
         return sweep(own_snaps, off)
 
     def zero():
@@ -288,8 +311,19 @@ def adjoint(body: Body, tables: Tables, consts, carry0, xs, snaps, carry_bar, ys
     return confined([*carry_bar, *ys_bar], own, zero, axes)
 
 
-def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, ck, carry_bar,
-                  keep=None, axes=(), layout=None):
+def adjoint_while(
+    body: Body,
+    n_slots: int,
+    max_steps,
+    n_steps,
+    consts,
+    carry0,
+    ck,
+    carry_bar,
+    keep=None,
+    axes=(),
+    layout=None,
+):
     """Reverse ``n_steps`` steps of a body without per-step inputs or outputs.
 
     From ``ck = (slots, held)`` (the forward sweep's snapshots) or, with ``ck is None``, after
@@ -306,8 +340,15 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
     def sweep_offloaded(handle, held, tags):
         steps.off = Offload(layout, handle, tags)
         rows = zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0])
-        kbar, cbar, _ = reverse(steps, Segments(n_slots, held, n_steps), body.snapshot(carry0),
-                                rows, carry_bar, consts_bar, [])
+        kbar, cbar, _ = reverse(
+            steps,
+            Segments(n_slots, held, n_steps),
+            body.snapshot(carry0),
+            rows,
+            carry_bar,
+            consts_bar,
+            [],
+        )
         steps.off.close()  # the last read of the store: release it
         return cbar, kbar
 
@@ -317,8 +358,9 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
             return held[order], order, jnp.sum(held >= 0, dtype=i32)
 
         source = BinomialSource(n_slots, ascending, n_steps, at_hand=False, with_pairs=True)
-        kbar, cbar, _ = reverse(steps, source, body.snapshot(carry0), slots, carry_bar,
-                                consts_bar, [])
+        kbar, cbar, _ = reverse(
+            steps, source, body.snapshot(carry0), slots, carry_bar, consts_bar, []
+        )
         return cbar, kbar
 
     if ck is not None:
@@ -336,16 +378,22 @@ def adjoint_while(body: Body, n_slots: int, max_steps, n_steps, consts, carry0, 
 
     def own_offloaded():
         off = Offload.open(layout, n_device=0)
-        state = (body.snapshot(carry0), [], jnp.full((layout.n_offloaded,), -1, i32))
-        state = lax.fori_loop(0, n_steps, replay(
-            lambda *a: place_thinned(*a, off=off)), state)
+        state: tuple = (body.snapshot(carry0), [], jnp.full((layout.n_offloaded,), -1, i32))
+        state = lax.fori_loop(
+            0,
+            n_steps,
+            replay(lambda n, snap, slots, held: place_thinned(n, snap, slots, held, off=off)),
+            state,
+        )
         return sweep_offloaded(off.handle, state[2], tags_of(state[0]))
 
     def own():
-        state = (body.snapshot(carry0),
-                 zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
-                 jnp.full((n_slots,), -1, i32))
-        start = 0
+        state = (
+            body.snapshot(carry0),
+            zeros_after(body.snapshot_avals, (n_slots,), [*carry_bar, *carry0]),
+            jnp.full((n_slots,), -1, i32),
+        )
+        start: int | jax.Array = 0
         for place, stop in online_phases(n_slots, max_steps):
             end = n_steps if stop is None else jnp.minimum(n_steps, stop)
             state = lax.fori_loop(start, end, replay(place), state)

@@ -10,13 +10,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax, tree_util
-from .._jax_private import core
 
+from .._jax_private import core
 from ..schedules import Online, Schedule, check_steps, default_schedule
 from ._body import Body, forward_unchanged, make_body
 from ._carry import (
-    Names, aval_of, cached_wrapper, carry_label, check_pair, check_static_int, check_structure,
-    check_types, check_unroll, convert, leaf_array, leaf_paths, sds, step_cache, trace_carry,
+    Names,
+    aval_of,
+    cached_wrapper,
+    carry_label,
+    check_pair,
+    check_static_int,
+    check_structure,
+    check_types,
+    check_unroll,
+    convert,
+    leaf_array,
+    leaf_paths,
+    sds,
+    step_cache,
+    trace_carry,
     with_weak_types,
 )
 from ._fwd_p import forward_loop
@@ -109,8 +122,13 @@ def _scan(f, init, xs, length, reverse, unroll, schedule, names: Names):
     xs_flat, xs_tree = tree_util.tree_flatten(xs)
     xs_flat = [leaf_array(x, where, "xs") for x in xs_flat]
     if length is not None:
-        check_static_int(length, where, "length", " For a step count known only at run time "
-                         "use retrograde.while_loop or retrograde.fori_loop.")
+        check_static_int(
+            length,
+            where,
+            "length",
+            " For a step count known only at run time "
+            "use retrograde.while_loop or retrograde.fori_loop.",
+        )
         length = check_steps(length, f"{where}: length")
     length = _scan_length(xs_flat, length)
     reverse = operator.truth(reverse)
@@ -126,7 +144,9 @@ def _scan(f, init, xs, length, reverse, unroll, schedule, names: Names):
     x_avals = [aval_of(x).update(shape=x.shape[1:]) for x in xs_flat]
     key = (init_tree, tuple(map(aval_of, init_flat)), xs_tree, tuple(x_avals))
     step = step_cache.get(
-        [f], key, lambda: _trace_scan(f, init_tree, init_flat, xs_tree, x_avals, names),
+        [f],
+        key,
+        lambda: _trace_scan(f, init_tree, init_flat, xs_tree, x_avals, names),
         lambda s: s.consts,
     )
     body, consts = step.body, step.consts
@@ -260,8 +280,16 @@ def fori_loop(
     if static:
         length = max(upper - lower, 0)
         step = cached_wrapper(body_fun, _fori_scan_step, "fori_loop")
-        (_, val), _ = _scan(step, (lower, init_val), None, length,
-                            False, False if unroll is None else unroll, schedule, names)
+        (_, val), _ = _scan(
+            step,
+            (lower, init_val),
+            None,
+            length,
+            False,
+            False if unroll is None else unroll,
+            schedule,
+            names,
+        )
         return val
     if unroll is not None and unroll is not False and unroll != 1:
         raise ValueError(
@@ -276,8 +304,9 @@ def fori_loop(
             "to use an offline schedule."
         )
     step = cached_wrapper(body_fun, _fori_while_step, "fori_loop while")
-    _, _, val = named_while_loop(_fori_cond, step, (lower, upper, init_val), schedule, None, None,
-                                 None, names)
+    _, _, val = named_while_loop(
+        _fori_cond, step, (lower, upper, init_val), schedule, None, None, None, names
+    )
     return val
 
 
@@ -291,9 +320,14 @@ def _fori_bounds(lower, upper) -> tuple[Any, Any, bool]:
     dtypes, weak = [], []
     for name, b in (("lower", lower), ("upper", upper)):
         d = getattr(b, "dtype", None)
-        ok = not isinstance(b, (bool, np.bool_)) and (isinstance(b, (int, float)) or (
-            d is not None and jnp.ndim(b) == 0
-            and (jnp.issubdtype(d, jnp.integer) or jnp.issubdtype(d, jnp.floating))))
+        ok = not isinstance(b, (bool, np.bool_)) and (
+            isinstance(b, (int, float))
+            or (
+                d is not None
+                and jnp.ndim(b) == 0
+                and (jnp.issubdtype(d, jnp.integer) or jnp.issubdtype(d, jnp.floating))
+            )
+        )
         if not ok:
             raise TypeError(
                 f"{where}: {name} must be a real scalar, normally an integer (a Python int for a "
@@ -313,8 +347,10 @@ def _fori_bounds(lower, upper) -> tuple[Any, Any, bool]:
         dtype = dtypes[1] if weak[0] else dtypes[0]
     if not isinstance(lower, core.Tracer) and not isinstance(upper, core.Tracer):
         return int(lower), int(upper), True
-    lower, upper = (b if d == dtype else lax.convert_element_type(b, dtype)
-                    for b, d in zip((lower, upper), dtypes))
+    lower, upper = (
+        b if d == dtype else lax.convert_element_type(b, dtype)
+        for b, d in zip((lower, upper), dtypes)
+    )
     return lower, upper, False
 
 

@@ -7,6 +7,8 @@ unbatched and uses only ``jax.lax``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax.numpy as jnp
 from jax import lax
 
@@ -51,8 +53,12 @@ def put_row_if(pred, buffers, values, k):
     can take the body over the thunk budget (docs/performance.md, "The XLA CPU executor rule").
     Done in place. ``k`` may be a function computing the row inside the branch (then the body
     computes only ``pred``, one kernel fewer per step)."""
-    return lax.cond(pred, lambda b: put_row(b, values, k() if callable(k) else k),
-                    lambda b: list(b), list(buffers))
+    return lax.cond(
+        pred,
+        lambda b: put_row(b, values, k() if callable(k) else k),
+        lambda b: list(b),
+        list(buffers),
+    )
 
 
 def zeros(avals, lead=()):
@@ -76,5 +82,5 @@ def zeros_after(avals, lead, deps):
     leaves = [d for d in deps if d.size]
     if not leaves:
         return zeros(avals, lead)
-    dep = sum(jnp.real(d.ravel()[0]).astype(jnp.float32) for d in leaves) * 0
+    dep: Any = sum(jnp.real(d.ravel()[0]).astype(jnp.float32) for d in leaves) * 0  # an array
     return [jnp.broadcast_to(dep.astype(a.dtype), lead + tuple(a.shape)) for a in avals]

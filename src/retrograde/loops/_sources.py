@@ -13,6 +13,7 @@ functions of it; :class:`MacroActionSource` declares what the executor reads. Th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import jax
@@ -63,7 +64,14 @@ class BinomialSource:
     # the leaf's loops they would run on the concurrent executor.
     control_apart = True
 
-    def __init__(self, n_slots, held, n_steps, at_hand, with_pairs=False):
+    def __init__(
+        self,
+        n_slots: int,
+        held: Callable[[], tuple[Any, Any, Any]],
+        n_steps,
+        at_hand: bool,
+        with_pairs: bool = False,
+    ):
         """``held()``: the held snapshots ``(steps, slots, count)`` as :func:`._machine.init`
         takes them. It is traced, with the machine's initial state and first action, in a
         conditional's branch of its own (:func:`._xla_cpu.branch`), so that their many small
@@ -90,7 +98,7 @@ class RowSource:
 
     with_pairs = False  # no PAIRS leaves
     control_apart = False  # a row read is one kernel
-    first = None  # the first action is read as the others are
+    first: jax.Array | None = None  # the first action is read as the others are
 
     def __init__(self, tables: Tables):
         self.rows = jnp.asarray(tables.rows, i32)
@@ -105,8 +113,9 @@ class RowSource:
         done = jnp.asarray([machine.DONE, -1, 0, 0, 0, -1, 0], i32)
         if self.rows.shape[0] == 0:
             return ptr, machine.Action(*done)
-        row = lax.dynamic_index_in_dim(self.rows, jnp.minimum(ptr, self.rows.shape[0] - 1), 0,
-                                       keepdims=False)
+        row = lax.dynamic_index_in_dim(
+            self.rows, jnp.minimum(ptr, self.rows.shape[0] - 1), 0, keepdims=False
+        )
         return ptr + 1, machine.Action(*jnp.where(ptr < self.rows.shape[0], row, done))
 
     def leaf_slots(self, ptr):
@@ -116,8 +125,11 @@ class RowSource:
             return jnp.zeros_like(i)
         own, f = self.leaves[jnp.clip(ptr - 1, 0, self.leaves.shape[0] - 1)]
         top = self.order.shape[0] - 1
-        return jnp.where(own < 0, self.order[jnp.clip(i, 0, top)],
-                         jnp.where(i == 0, own, self.order[jnp.clip(f - i, 0, top)]))
+        return jnp.where(
+            own < 0,
+            self.order[jnp.clip(i, 0, top)],
+            jnp.where(i == 0, own, self.order[jnp.clip(f - i, 0, top)]),
+        )
 
 
 def source_for(tables: Tables) -> MacroActionSource:
@@ -125,5 +137,9 @@ def source_for(tables: Tables) -> MacroActionSource:
     if tables.rows is not None:
         return RowSource(tables)
     steps, slots, count = tables.held
-    return BinomialSource(tables.n_slots, lambda: (jnp.asarray(steps), jnp.asarray(slots), count),
-                          tables.length, at_hand=True)
+    return BinomialSource(
+        tables.n_slots,
+        lambda: (jnp.asarray(steps), jnp.asarray(slots), count),
+        tables.length,
+        at_hand=True,
+    )

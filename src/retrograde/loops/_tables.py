@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import numpy as np
 
@@ -154,8 +155,11 @@ def _machine_rows(tables: Tables):
             _reverse_task(a, b, slot_a, free, stack, emit)
     except OverflowError:
         return None
-    return (np.asarray(rows, np.int32).reshape(-1, 7), np.asarray(order or [0], np.int32),
-            np.asarray(leaves, np.int32).reshape(-1, 2))
+    return (
+        np.asarray(rows, np.int32).reshape(-1, 7),
+        np.asarray(order or [0], np.int32),
+        np.asarray(leaves, np.int32).reshape(-1, 2),
+    )
 
 
 def _reverse_task(a, b, slot_a, free, stack, emit):
@@ -191,6 +195,7 @@ def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
     actions = [a for a in schedule.actions(length) if type(a) in (Advance, Store, Restore, Record)]
     # Number the slots of all levels consecutively, device levels first.
     top: dict[int, int] = {}
+    act: Any  # a Store or a Restore where read (mypy does not narrow `type(act) in (...)`)
     for act in actions:
         if type(act) in (Store, Restore):
             top[act.level] = max(top.get(act.level, -1), act.slot)
@@ -207,8 +212,9 @@ def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
             slots += [(lv, i) for i in range(top[lv] + 1)]
     layout = None
     if far:
-        layout = Layout(tuple(levels), tuple(lv for lv, _ in slots), tuple(i for _, i in slots),
-                        n_slots)
+        layout = Layout(
+            tuple(levels), tuple(lv for lv, _ in slots), tuple(i for _, i in slots), n_slots
+        )
 
     # The first sweep: advance monotonically from step 0 to N - 1, storing on the way.
     stores, at, k = [], 0, 0
@@ -229,8 +235,14 @@ def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
 
     rows = _Rows(offset).run(actions[k:]).rows
     pts = np.asarray(stores, np.int32).reshape(-1, 2)
-    return Tables(length, n_slots, pts[:, 0].copy(), pts[:, 1].copy(),
-                  np.asarray(_merge_moves(rows), np.int32).reshape(-1, 7), layout)
+    return Tables(
+        length,
+        n_slots,
+        pts[:, 0].copy(),
+        pts[:, 1].copy(),
+        np.asarray(_merge_moves(rows), np.int32).reshape(-1, 7),
+        layout,
+    )
 
 
 class _Rows(Executor):
@@ -256,11 +268,17 @@ class _Rows(Executor):
 def _merge_moves(rows):
     """Fuse consecutive moves that chain (the first stores nothing, the second restores nothing
     and starts where the first stops) into one: a MOVE restores, advances, then stores."""
-    out = []
+    out: list[Any] = []
     for row in rows:
         prev = out[-1] if out else None
-        if (prev is not None and row[0] == MOVE and prev[0] == MOVE and prev[5] < 0
-                and row[1] < 0 and row[2] == prev[3]):
+        if (
+            prev is not None
+            and row[0] == MOVE
+            and prev[0] == MOVE
+            and prev[5] < 0
+            and row[1] < 0
+            and row[2] == prev[3]
+        ):
             out[-1] = (MOVE, prev[1], prev[2], row[3], 0, row[5], 0)
             continue
         out.append(row)

@@ -9,17 +9,32 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from .._jax_private import ad, core, dispatch, mlir, pe
 from jax.extend.core import Primitive
 
+from .._jax_private import ad, core, dispatch, mlir, pe
 from . import _batch_levels
 from ._body import Body, cut, jvp_body
 from ._forward_sweep import advance_steps, forward
 from ._offload import Offload, stored_effects
 from ._primitives import (
-    LoopPlan, batch_axes, carry_fixpoint, check_unbatched_steps, expand, flat, floats_of,
-    full_from_floats, instantiate, lowering, nonzero, pick, split_groups, timed, undefined,
-    xs_avals, ys_avals, zero,
+    LoopPlan,
+    batch_axes,
+    carry_fixpoint,
+    check_unbatched_steps,
+    expand,
+    flat,
+    floats_of,
+    full_from_floats,
+    instantiate,
+    lowering,
+    nonzero,
+    pick,
+    split_groups,
+    timed,
+    undefined,
+    xs_avals,
+    ys_avals,
+    zero,
 )
 from ._slots import zeros_after
 
@@ -47,10 +62,20 @@ class TanArgs(NamedTuple):
     @classmethod
     def of(cls, args, body: Body, plan: LoopPlan, has_snaps: bool, masks):
         mc, mk, mx = masks
-        return split_groups(cls, args, [
-            plan.n_steps_inputs, body.nc, body.nk, body.nx,
-            plan.n_snapshots(body) if has_snaps else 0, sum(mc), sum(mk), sum(mx),
-        ])
+        return split_groups(
+            cls,
+            args,
+            [
+                plan.n_steps_inputs,
+                body.nc,
+                body.nk,
+                body.nx,
+                plan.n_snapshots(body) if has_snaps else 0,
+                sum(mc),
+                sum(mk),
+                sum(mx),
+            ],
+        )
 
     @property
     def z(self):
@@ -84,9 +109,9 @@ def _tan_outs(body, plan, masks, save_tangents):
 tan_p.def_effectful_abstract_eval(
     lambda *a, body, plan, has_snaps, masks, save_tangents, batch_levels: (
         _batch_levels.batched_avals(_tan_outs(body, plan, masks, save_tangents), batch_levels),
-        jvp_body(body, *masks)[0].effects
-        | (stored_effects(plan.offload) if has_snaps else set()),
-    ))
+        jvp_body(body, *masks)[0].effects | (stored_effects(plan.offload) if has_snaps else set()),
+    )
+)
 
 
 # ----------------------------------------------------------------------------- lowering
@@ -113,11 +138,23 @@ def _tan_impl(args, body, plan, has_snaps, masks, save_tangents, axes):
     primal_of = [i for i, m in enumerate(masks[1]) if m]
     slots = None
     if save_tangents:
-        slots = [zeros_after([v.aval], (tables.n_slots,), [v, carry[i]])[0]
-                 for v, i, st in zip(carry[body.nk :], primal_of, saved[body.nk :]) if st]
-    carry, ys, snaps = forward(child, plan.length, consts, carry, [*a.xs, *a.dxs], tables,
-                               slots=slots, unroll=plan.unroll, batched=bool(axes),
-                               stored=saved)
+        slots = [
+            zeros_after([v.aval], (tables.n_slots,), [v, carry[i]])[0]
+            for v, i, st in zip(carry[body.nk :], primal_of, saved[body.nk :])
+            if st
+        ]
+    carry, ys, snaps = forward(
+        child,
+        plan.length,
+        consts,
+        carry,
+        [*a.xs, *a.dxs],
+        tables,
+        slots=slots,
+        unroll=plan.unroll,
+        batched=bool(axes),
+        stored=saved,
+    )
     return [*carry[body.nk :], *ys[body.ny :], *snaps]
 
 
@@ -147,10 +184,25 @@ def apply_tangent(body, plan, z, snaps, dz, steps=(), save_tangents=False):
         zeros = [zero(a) for a in body.carry_avals], [zero(a) for a in y_avals]
         return (*zeros, [zero(a) for a in snap_avals]) if save_tangents else zeros
     _, mk, my = jvp_body(body, mc, mk0, mx)
-    args = TanArgs(list(steps), list(c), list(k), list(x), list(snaps), pick(mc, dc),
-                   [instantiate(t) for t in pick(mk, dk)], pick(mx, dx))
-    outs = tan_p.bind(*flat(args), body=body, plan=plan, has_snaps=bool(snaps),
-                      masks=(mc, mk, mx), save_tangents=save_tangents, batch_levels=())
+    args = TanArgs(
+        list(steps),
+        list(c),
+        list(k),
+        list(x),
+        list(snaps),
+        pick(mc, dc),
+        [instantiate(t) for t in pick(mk, dk)],
+        pick(mx, dx),
+    )
+    outs = tan_p.bind(
+        *flat(args),
+        body=body,
+        plan=plan,
+        has_snaps=bool(snaps),
+        masks=(mc, mk, mx),
+        save_tangents=save_tangents,
+        batch_levels=(),
+    )
     saved = pick(body.stored, _saved_tangents(body, (mc, mk, mx)))
     tk, ty, rows, last = cut(outs, [sum(mk), sum(my), sum(saved), sum(saved)])
     tk, ty = expand(mk, tk, body.carry_avals), expand(my, ty, y_avals)
@@ -167,11 +219,22 @@ def _tan_jvp(primals, tangents, *, body, plan, has_snaps, masks, save_tangents, 
     a = TanArgs.of(primals, body, plan, has_snaps, masks)
     t = TanArgs.of(tangents, body, plan, has_snaps, masks)
     child, _, _ = jvp_body(body, *masks)
-    out = tan_p.bind(*primals, body=body, plan=plan, has_snaps=has_snaps, masks=masks,
-                     save_tangents=save_tangents, batch_levels=())
+    out = tan_p.bind(
+        *primals,
+        body=body,
+        plan=plan,
+        has_snaps=has_snaps,
+        masks=masks,
+        save_tangents=save_tangents,
+        batch_levels=(),
+    )
     zk, zy = apply_tangent(
-        child, plan, ([*a.consts, *a.dconsts], [*a.carry, *a.dcarry], [*a.xs, *a.dxs]), [],
-        ([*t.consts, *t.dconsts], [*t.carry, *t.dcarry], [*t.xs, *t.dxs]), a.steps,
+        child,
+        plan,
+        ([*a.consts, *a.dconsts], [*a.carry, *a.dcarry], [*a.xs, *a.dxs]),
+        [],
+        ([*t.consts, *t.dconsts], [*t.carry, *t.dcarry], [*t.xs, *t.dxs]),
+        a.steps,
     )
     # The saved snapshot tangents are a cache, as snapshots are: no derivative flows through them.
     saved = out[len(zk) - body.nk + len(zy) - body.ny :]
@@ -225,10 +288,12 @@ def _tan_dce(used_outputs, eqn):
     n = len(eqn.outvars) - 2 * sum(_saved_tangents(params["body"], params["masks"])) * saves
     if not saves or any(used_outputs[n:]):
         return [True] * len(eqn.invars), eqn
-    batch_levels = tuple(dataclasses.replace(lv, out_axes=lv.out_axes[:n])
-                         for lv in params["batch_levels"])
-    new = eqn.replace(params=dict(params, save_tangents=False, batch_levels=batch_levels),
-                      outvars=eqn.outvars[:n])
+    batch_levels = tuple(
+        dataclasses.replace(lv, out_axes=lv.out_axes[:n]) for lv in params["batch_levels"]
+    )
+    new = eqn.replace(
+        params=dict(params, save_tangents=False, batch_levels=batch_levels), outvars=eqn.outvars[:n]
+    )
     return [True] * len(eqn.invars), new
 
 
@@ -253,8 +318,14 @@ def _tan_out_axes(data, dims, *, body, plan, has_snaps, masks, save_tangents):
         return batched
 
     mc, mk, mx = masks
-    carry_b, ys_b = carry_fixpoint(body.jaxpr, data, union(d.consts, d.dconsts, mc),
-                                   union(d.carry, d.dcarry, mk), union(d.xs, d.dxs, mx), body.nk)
+    carry_b, ys_b = carry_fixpoint(
+        body.jaxpr,
+        data,
+        union(d.consts, d.dconsts, mc),
+        union(d.carry, d.dcarry, mk),
+        union(d.xs, d.dxs, mx),
+        body.nk,
+    )
     _, _, my = jvp_body(body, mc, mk, mx)
     saved = batch_axes(pick(_saved_tangents(body, masks), carry_b)) * 2 if save_tangents else []
     return batch_axes(pick(mk, carry_b)) + batch_axes(pick(my, ys_b)) + saved

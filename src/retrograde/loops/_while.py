@@ -24,15 +24,25 @@ from typing import Any, NamedTuple, TypeVar
 import jax
 import jax.numpy as jnp
 from jax import tree_util
-from .._jax_private import ad, core, dispatch, mlir, pe
 from jax.extend.core import Primitive, jaxpr_as_fun
 
+from .._jax_private import ad, core, dispatch, mlir, pe
 from ..schedules import Online, Schedule, check_steps, default_schedule
 from . import _batch_levels
 from ._body import Body, cut, forward_unchanged, guarded, make_body
 from ._carry import (
-    Names, aval_of, carry_label, check_structure, check_types, convert, leaf_array, leaf_paths, sds,
-    step_cache, trace_carry, with_weak_types,
+    Names,
+    aval_of,
+    carry_label,
+    check_structure,
+    check_types,
+    convert,
+    leaf_array,
+    leaf_paths,
+    sds,
+    step_cache,
+    trace_carry,
+    with_weak_types,
 )
 from ._forward_sweep import forward_while
 from ._offload import release_with, stored_effects, unread_snapshots_dce
@@ -77,8 +87,9 @@ def _lowered(*args, body, cond, plan, save, batch_levels):
 
     def run(*args):
         c, k = cut(args, [body.nc, body.nk])
-        carry, n, slots, held = forward_while(body, cond, plan.n_slots, plan.max_steps, c, k,
-                                              save, axes, plan.offload)
+        carry, n, slots, held = forward_while(
+            body, cond, plan.n_slots, plan.max_steps, c, k, save, axes, plan.offload
+        )
         return [*carry, n, *slots, *([held] if save else [])]
 
     return _batch_levels.vmapped(run, batch_levels)(*args)
@@ -93,8 +104,7 @@ def _jvp(primals, tangents, *, body, cond, plan, save, batch_levels):
     outs = while_fwd_p.bind(*primals, body=body, cond=cond, plan=plan, save=True, batch_levels=())
     carry, (n,), snaps = cut(outs, [body.nk, 1, plan.n_snapshots(body)])
     # As in ``_fwd_p._fwd_jvp``: at higher order the transpose re-lays its own snapshots.
-    tk, _ = apply_tangent(body, plan, (c, k, []), [] if save else snaps, (dc, dk, []),
-                          steps=[n])
+    tk, _ = apply_tangent(body, plan, (c, k, []), [] if save else snaps, (dc, dk, []), steps=[n])
     primal_out = [*carry, n] + (snaps if save else [])
     tangent_out = [*tk, zero(core.typeof(n))]
     tangent_out += [zero(core.typeof(v)) for v in snaps] if save else []
@@ -108,8 +118,9 @@ def _out_axes(data, dims, *, body, cond, plan, save):
     """The guarded step makes every carry leaf batched when the predicate is; the step count
     and the held steps never are (the loop runs while any element goes on)."""
     dc, dk = cut(dims, [body.nc, body.nk])
-    carry_b, _ = carry_fixpoint(body.jaxpr, data, [d is not None for d in dc],
-                                [d is not None for d in dk], [], body.nk)
+    carry_b, _ = carry_fixpoint(
+        body.jaxpr, data, [d is not None for d in dc], [d is not None for d in dk], [], body.nk
+    )
     out = [0 if b else None for b in carry_b] + [None]
     if save and plan.offload is not None:  # the store's handle, the tags, the held steps
         out += [None] + [0 if b else None for b, st in zip(carry_b, body.stored) if st] + [None]
@@ -123,8 +134,9 @@ _batch_levels.batcher(while_fwd_p, _out_axes)
 
 def _dce(used_outputs, eqn):
     body = eqn.params["body"]
-    return unread_snapshots_dce(used_outputs, eqn, body.nk + 1,
-                                body.effects | eqn.params["cond"].effects)
+    return unread_snapshots_dce(
+        used_outputs, eqn, body.nk + 1, body.effects | eqn.params["cond"].effects
+    )
 
 
 pe.dce_rules[while_fwd_p] = _dce
@@ -198,12 +210,14 @@ def while_loop(
     if not callable(cond_fun) or not callable(body_fun):
         raise TypeError("retrograde.while_loop: cond_fun and body_fun must be callable.")
     names = Names("retrograde.while_loop", "body_fun", "init_val", carry_label(body_fun, 0, "val"))
-    return named_while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers,
-                            first_order_body_fun, names)
+    return named_while_loop(
+        cond_fun, body_fun, init_val, schedule, max_steps, buffers, first_order_body_fun, names
+    )
 
 
-def named_while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers,
-                     first_order_body_fun, names: Names):
+def named_while_loop(
+    cond_fun, body_fun, init_val, schedule, max_steps, buffers, first_order_body_fun, names: Names
+):
     """:func:`while_loop`, with errors worded by ``names`` (``fori_loop`` runs it too)."""
     where = names.where
     if schedule is None:
@@ -230,15 +244,22 @@ def named_while_loop(cond_fun, body_fun, init_val, schedule, max_steps, buffers,
     stored = _buffer_mask(buffers, init_val, originals)
     key = (tree, tuple(map(aval_of, flat)), stored)
     loop = step_cache.get(
-        [body_fun, cond_fun, first_order_body_fun], key,
+        [body_fun, cond_fun, first_order_body_fun],
+        key,
         lambda: _trace_while(cond_fun, body_fun, first_order_body_fun, tree, flat, stored, names),
         lambda lp: lp.consts,
     )
     body, cond, consts = loop.body, loop.cond, loop.consts
     flat = convert(flat, loop.dtypes)
-    outs = while_fwd_p.bind(*consts, *flat, body=body, cond=cond,
-                            plan=LoopPlan(None, schedule, max_steps=max_steps), save=False,
-                            batch_levels=())
+    outs = while_fwd_p.bind(
+        *consts,
+        *flat,
+        body=body,
+        cond=cond,
+        plan=LoopPlan(None, schedule, max_steps=max_steps),
+        save=False,
+        batch_levels=(),
+    )
     outs = forward_unchanged(body, flat, outs[: len(flat)])
     return tree_util.tree_unflatten(loop.tree, with_weak_types(outs, loop.out_avals))
 
@@ -289,7 +310,8 @@ def _trace_while(cond_fun, body_fun, fast_fun, tree, flat: list, stored, names: 
         return [ok]
 
     def trace(avals):
-        args, trees = [sds(a) for a in avals], []
+        args = [sds(a) for a in avals]
+        trees: list[Any] = []
         cond_closed = jax.make_jaxpr(flat_cond)(*args)
         body_closed = jax.make_jaxpr(flat_step(body_fun, names, trees))(*args)
         fast_closed = None
@@ -320,7 +342,7 @@ def _trace_while(cond_fun, body_fun, fast_fun, tree, flat: list, stored, names: 
     nb0 = len(body0.const_avals)
 
     def unguarded(step):
-        return jax.make_jaxpr(lambda *a: step(a[:nb], a[len(consts):]))(*const_sds, *carry_sds)
+        return jax.make_jaxpr(lambda *a: step(a[:nb], a[len(consts) :]))(*const_sds, *carry_sds)
 
     def general(c, k):
         return fb(*c[:nb0], *k)
@@ -333,18 +355,22 @@ def _trace_while(cond_fun, body_fun, fast_fun, tree, flat: list, stored, names: 
         def step(c, k):
             return ff(*[c[j] for j in fast_where], *k)
 
-    cond = Body(
-        jax.make_jaxpr(lambda *a: fc(*a[nb:]))(*const_sds, *carry_sds), len(consts), 0, nk
-    )
+    cond = Body(jax.make_jaxpr(lambda *a: fc(*a[nb:]))(*const_sds, *carry_sds), len(consts), 0, nk)
     # where(pred(u), body(u), u): the same as body(u) before the loop stops, and the identity for
     # batch elements that stopped earlier than others (under vmap). Tangent and adjoint replay
     # this body for the N steps, so a batched predicate needs no special case there. Executed
     # unbatched, the loop only runs (and its reversal only replays) steps whose predicate held,
     # so it runs the step without the guard (``Body.guard``).
     plain = unguarded(general)
-    body = Body(guarded(plain, cond.jaxpr, len(consts), nk), len(consts), nk, 0,
-                stored=stored, fast=plain if step is general else unguarded(step),
-                guard=cond.jaxpr)
+    body = Body(
+        guarded(plain, cond.jaxpr, len(consts), nk),
+        len(consts),
+        nk,
+        0,
+        stored=stored,
+        fast=plain if step is general else unguarded(step),
+        guard=cond.jaxpr,
+    )
     if not all(stored):
         check_write_only(body)
     return _Loop(body, cond, consts, dtypes, list(body_closed.out_avals), out_tree)
@@ -388,8 +414,14 @@ def _buffer_mask(buffers, init_val, leaves) -> tuple[bool, ...]:
     return mask
 
 
-_WRITE_OPS = {"dynamic_update_slice": (0,), "scatter": (0,), "select_n": None,
-              "copy": (0,), "copy_p": (0,), "convert_element_type": (0,)}
+_WRITE_OPS = {
+    "dynamic_update_slice": (0,),
+    "scatter": (0,),
+    "select_n": None,
+    "copy": (0,),
+    "copy_p": (0,),
+    "convert_element_type": (0,),
+}
 
 
 def check_write_only(body: Body) -> None:
@@ -423,8 +455,11 @@ def _propagate(jaxpr, tainted: dict) -> list:
     """Follow buffer values through ``jaxpr``; return the buffer (or None) behind each output."""
     tainted = dict(tainted)
     for eqn in jaxpr.eqns:
-        hits = [(i, tainted[v]) for i, v in enumerate(eqn.invars)
-                if not isinstance(v, core.Literal) and v in tainted]
+        hits = [
+            (i, tainted[v])
+            for i, v in enumerate(eqn.invars)
+            if not isinstance(v, core.Literal) and v in tainted
+        ]
         if not hits:
             continue
         name = eqn.primitive.name

@@ -12,11 +12,18 @@ try:
     import pyadjoint as _pyadjoint  # noqa: F401
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "retrograde.pyadjoint needs pyadjoint: pip install 'retrograde[pyadjoint]'") from e
+        "retrograde.pyadjoint needs pyadjoint: pip install 'retrograde[pyadjoint]'"
+    ) from e
 
 from ._guard import GuardedBlockVariable, MissingValueError
 from ._manager import CheckpointManager, Counts
 from ._tape import CheckpointedTape, enable_checkpointing
 
-__all__ = ["enable_checkpointing", "CheckpointManager", "CheckpointedTape", "Counts",
-           "MissingValueError", "GuardedBlockVariable"]
+__all__ = [
+    "enable_checkpointing",
+    "CheckpointManager",
+    "CheckpointedTape",
+    "Counts",
+    "MissingValueError",
+    "GuardedBlockVariable",
+]

@@ -70,8 +70,9 @@ class TapeGraph:
         #: ``dead[n]``: what is not needed once step ``n`` ran (of ``u_n`` and made in step
         #: ``n``, not part of ``u_{n+1}``; results excepted).
         self.dead = [
-            tuple(bv for bv in live[n] + outs[n]
-                  if last_read.get(bv, -1) <= n and bv not in results)
+            tuple(
+                bv for bv in live[n] + outs[n] if last_read.get(bv, -1) <= n and bv not in results
+            )
             for n in range(len(steps))
         ]
 

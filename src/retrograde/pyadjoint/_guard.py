@@ -9,6 +9,9 @@ object), whose ``saved_output`` raises :class:`MissingValueError` instead.
 
 from __future__ import annotations
 
+from typing import Any
+
+from pyadjoint.block import Block
 from pyadjoint.block_variable import BlockVariable
 
 from .._store import SnapshotError
@@ -24,7 +27,7 @@ class MissingValueError(SnapshotError):
     """
 
 
-def describe(bv) -> str:
+def describe(bv: BlockVariable) -> str:
     """``bv`` for an error message, without reading its value."""
     made = getattr(bv, "_retrograde_made", None)
     where = "" if made is None else f" made by {made[1]} in step {made[0]}"
@@ -50,7 +53,7 @@ class GuardedBlockVariable(BlockVariable):
     :class:`MissingValueError` when it holds no checkpoint (cost: one test per read)."""
 
     @property
-    def saved_output(self):
+    def saved_output(self) -> Any:
         checkpoint = self._checkpoint
         if checkpoint is None:
             step = RUNNING.step
@@ -64,7 +67,7 @@ class GuardedBlockVariable(BlockVariable):
         return self.output._ad_restore_at_checkpoint(checkpoint)
 
 
-def guard(bv, step: int, block) -> None:
+def guard(bv: BlockVariable, step: int, block: Block) -> None:
     """Switch ``bv`` (made by ``block`` in ``step``) to :class:`GuardedBlockVariable`."""
     if type(bv) is BlockVariable:
         bv.__class__ = GuardedBlockVariable

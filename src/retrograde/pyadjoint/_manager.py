@@ -40,16 +40,33 @@ from __future__ import annotations
 import bisect
 import collections
 import copy
-import itertools
 import dataclasses
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
+from pyadjoint.block_variable import BlockVariable
 from pyadjoint.tape import stop_annotating
 
 from ..schedules import (
-    Advance, End, Executor, Free, Online, OfflineSchedule, OnlineSchedule, RecomputeAll, Record,
-    Restore, Revolve, Schedule, ScheduleError, Simulator, StoreAll, Store, check_steps,
+    Advance,
+    End,
+    Executor,
+    Free,
+    OfflineSchedule,
+    Online,
+    OnlineRun,
+    OnlineSchedule,
+    RecomputeAll,
+    Record,
+    Restore,
+    Revolve,
+    Schedule,
+    ScheduleError,
+    Simulator,
+    Store,
+    StoreAll,
+    check_steps,
     schedule_stream,
 )
 from ._graph import TapeGraph
@@ -167,8 +184,9 @@ class CheckpointManager:
         self._online = isinstance(schedule, OnlineSchedule) or self.n_given is None
         self._check = Simulator(self.levels, None if self._online else self.n_given)
         if self._online:
-            self._run = (schedule.start() if isinstance(schedule, OnlineSchedule)
-                         else _taping_run(schedule))
+            self._run = (
+                schedule.start() if isinstance(schedule, OnlineSchedule) else _taping_run(schedule)
+            )
             self._stream = None
         else:
             self._run = None
@@ -182,7 +200,7 @@ class CheckpointManager:
         self._reading = None  # the variable being read (see capture_read)
         self._hand: dict | None = None
         self._prefix_len: int | None = None
-        self._online_saved = None
+        self._online_saved: OnlineRun | None = None
         self._cached_plan: _Plan | None = None
         tape._blocks.append_step()
         tape.latest_checkpoint = 0
@@ -227,12 +245,14 @@ class CheckpointManager:
         if not self.taping:
             raise ScheduleError(
                 "the tape cannot take more time steps: it was already evaluated or "
-                "differentiated. Tape the whole loop before calling the ReducedFunctional.")
+                "differentiated. Tape the whole loop before calling the ReducedFunctional."
+            )
         b = timestep + 1
         if self.n_given is not None and b >= self.n_given:
             raise ScheduleError(
                 f"the loop takes more than n_steps={self.n_given} time steps; pass "
-                f"enable_checkpointing(..., n_steps=<the number of time steps>) or none.")
+                f"enable_checkpointing(..., n_steps=<the number of time steps>) or none."
+            )
         if not self.hold_all:
             self._clear_taping_step(timestep)
         self._hand_capture = {}
@@ -250,7 +270,7 @@ class CheckpointManager:
                 if bv.creation_timestep >= 0 and bv.creation_timestep < m:
                     bv._checkpoint = None
 
-    def capture_read(self, bv, last_used: int) -> None:
+    def capture_read(self, bv: BlockVariable, last_used: int) -> None:
         """A block of the step being taped reads ``bv`` (pyadjoint's
         ``add_to_checkpointable_state``): add its value to the snapshots that must hold it."""
         # pyadjoint's own method keeps every read variable in its step sets; the block appends
@@ -283,7 +303,8 @@ class CheckpointManager:
         if self.n_given is not None and N != self.n_given:
             raise ScheduleError(
                 f"the loop took {N} time steps but enable_checkpointing was given "
-                f"n_steps={self.n_given}; pass the number of steps the loop takes, or none.")
+                f"n_steps={self.n_given}; pass the number of steps the loop takes, or none."
+            )
         if not self.hold_all:
             self._clear_taping_step(N - 1)
         self.graph = g = TapeGraph(tape.timesteps)
@@ -296,15 +317,17 @@ class CheckpointManager:
             if missing:
                 raise MissingValueError(
                     f"the snapshot of step {snap.step} lacks {describe(missing[0])}: it was not "
-                    "read through a block dependency while taping.")
+                    "read through a block dependency while taping."
+                )
         if self._online:
             self._check.stopped(N)
             self._online_saved = copy.deepcopy(self._run)
             self._hand = None
         else:
             if self._check.current != N - 1:
-                raise ScheduleError(f"the schedule stopped at step {self._check.current}, "
-                                    f"not {N - 1}.")
+                raise ScheduleError(
+                    f"the schedule stopped at step {self._check.current}, not {N - 1}."
+                )
             self._prefix_len = self._stream.taken
             self._hand = {bv: (v, None) for bv, v in self._hand_capture.items()}
         self._hand_capture = {}
@@ -335,8 +358,9 @@ class CheckpointManager:
     def evaluate_adj(self, last_block: int, markings: bool) -> None:
         """pyadjoint's hook in ``Tape.evaluate_adj``: the reverse part of the schedule."""
         if last_block != 0:
-            raise NotImplementedError("retrograde.pyadjoint reverses the whole tape only "
-                                      "(last_block=0).")
+            raise NotImplementedError(
+                "retrograde.pyadjoint reverses the whole tape only (last_block=0)."
+            )
         self._ensure_taped()
         seeds = []
         for outs in self.graph.outs:
@@ -361,7 +385,8 @@ class CheckpointManager:
         if not self.seeds:
             raise ValueError(
                 "hessian() needs the adjoint seed of a derivative: call rf.derivative() before "
-                "rf.hessian(...), as with pyadjoint's own tape.")
+                "rf.hessian(...), as with pyadjoint's own tape."
+            )
         if not self._tangent_first or self._consumed:
             self._first_sweep(tangent=True, markings=markings)
         with stop_annotating():
@@ -426,22 +451,29 @@ class CheckpointManager:
             self._first_sweep(tangent=hessian, markings=markings)
         after_taping = self._after_taping
         check = self._checked if after_taping else None
-        sweep = _Sweep(self, self._persistent, check, temp=set(), tangent=hessian,
-                       markings=markings, hessian=hessian)
+        sweep = _Sweep(
+            self,
+            self._persistent,
+            check,
+            temp=set(),
+            tangent=hessian,
+            markings=markings,
+            hessian=hessian,
+        )
         self._persistent = {}
         self._consumed = True
         try:
             with stop_annotating():
                 if self._hand is not None:
                     hand, self._hand = self._hand, None
-                    sweep.load(self._checked.current if after_taping else self._plan().hand,
-                               hand)
+                    sweep.load(self._checked.current if after_taping else self._plan().hand, hand)
                     del hand
                 if after_taping:
-                    sweep.run(self._taping_reverse())
+                    sweep.run_checked(self._taping_reverse())
                     if check.next_record != -1:
-                        raise ScheduleError(f"the schedule ended before step "
-                                            f"{check.next_record} was recorded.")
+                        raise ScheduleError(
+                            f"the schedule ended before step {check.next_record} was recorded."
+                        )
                 else:
                     sweep.replay(self._plan().reverse)
         finally:
@@ -475,14 +507,15 @@ def _plan_for(schedule: Schedule, levels, n_steps: int) -> _Plan:
         check.execute(a)
         (forward if hand is None else reverse).append(a)
     if not check.ended or check.next_record != -1:
-        raise ScheduleError(f"{schedule!r} stopped before every one of the {n_steps} steps was "
-                            "recorded.")
+        raise ScheduleError(
+            f"{schedule!r} stopped before every one of the {n_steps} steps was recorded."
+        )
     return _Plan(tuple(forward), tuple(reverse), n_steps if hand is None else hand)
 
 
 class _Sweep(Executor):
     """Executes the actions of one sweep on the tape: each after the simulator ``check``
-    (:meth:`run`), or a plan the simulator proved valid (:meth:`replay`).
+    (:meth:`run_checked`), or a plan the simulator proved valid (:meth:`replay`).
 
     ``at``: the step whose state is at hand (in the block variables' checkpoints), ``None``
     after a ``Record``. ``slots``: (level, slot) -> :class:`_Snapshot`. ``temp``: ``None`` in a
@@ -490,8 +523,16 @@ class _Sweep(Executor):
     released when it ends, also on an exception).
     """
 
-    def __init__(self, m: CheckpointManager, slots: dict, check: Simulator, temp: set | None,
-                 tangent: bool, markings: bool, hessian: bool = False):
+    def __init__(
+        self,
+        m: CheckpointManager,
+        slots: dict,
+        check: Simulator,
+        temp: set | None,
+        tangent: bool,
+        markings: bool,
+        hessian: bool = False,
+    ):
         self.m = m
         self.g = m.graph
         self.slots = slots
@@ -506,28 +547,27 @@ class _Sweep(Executor):
         if m.functional is not None:
             self.protect.add(m.functional)
         controls = m._controls
-        self.blocks = self.g.steps if not controls else [
-            [b for b in blocks if not any(bv in controls for bv in b.get_outputs())]
-            for blocks in self.g.steps]
+        self.blocks = (
+            self.g.steps
+            if not controls
+            else [
+                [b for b in blocks if not any(bv in controls for bv in b.get_outputs())]
+                for blocks in self.g.steps
+            ]
+        )
 
-    def run(self, actions: Iterable, *, first_sweep: bool = False) -> int:
-        """Execute ``actions`` up to ``End`` (a first sweep: up to the first ``Record``), each
-        after the simulator; returns how many were executed."""
+    def run_checked(self, actions: Iterable) -> None:
+        """Execute ``actions`` up to ``End``, each after the simulator ``check``."""
         check, checks, mine = self.check, self.check._kinds, self._kinds
-        taken = 0
         for a in actions:
             kind = type(a)
-            if first_sweep and (kind is Record or kind is End):
-                break
             if kind not in mine or check.ended:
                 check.execute(a)  # raises the simulator's error
             checks[kind](check, a)
             mine[kind](self, a)
-            taken += 1
             if kind is End:
                 check.ended = self.ended = True
                 break
-        return taken
 
     def replay(self, actions: Iterable) -> None:
         """Execute ``actions`` that the simulator already proved valid (a :class:`_Plan`)."""
@@ -555,8 +595,7 @@ class _Sweep(Executor):
             try:
                 value, tangent = values[bv]
             except KeyError:
-                raise MissingValueError(
-                    f"step {n}: the snapshot lacks {describe(bv)}.") from None
+                raise MissingValueError(f"step {n}: the snapshot lacks {describe(bv)}.") from None
             bv._checkpoint = value
             if self.tangent:
                 bv.tlm_value = tangent

@@ -31,8 +31,15 @@ from pyadjoint.tape import stop_annotating
 from .._store import Disk, level_storage
 from ..schedules import Level
 
-__all__ = ["MemoryStore", "DiskStore", "PackageDiskStore", "open_store", "is_delegated",
-           "materialise", "as_checkpoint"]
+__all__ = [
+    "MemoryStore",
+    "DiskStore",
+    "PackageDiskStore",
+    "open_store",
+    "is_delegated",
+    "materialise",
+    "as_checkpoint",
+]
 
 
 def is_delegated(value) -> bool:
@@ -41,7 +48,7 @@ def is_delegated(value) -> bool:
     return isinstance(getattr(value, "other", None), BlockVariable)
 
 
-def materialise(bv, value):
+def materialise(bv: BlockVariable, value: Any) -> Any:
     """``value`` (``bv``'s checkpoint) as a self-contained object: a checkpoint that delegates to
     another block variable (``value.other``, Firedrake's ``DelegatedFunctionCheckpoint``) is
     copied out of it."""
@@ -51,7 +58,7 @@ def materialise(bv, value):
     return value
 
 
-def as_checkpoint(bv, obj):
+def as_checkpoint(bv: BlockVariable, obj: Any) -> Any:
     """An overloaded object holding ``bv``'s value, as ``bv``'s checkpoint: itself where it has
     the output's type (``AdjFloat``, Firedrake's ``Function``), else a checkpoint made of it."""
     if isinstance(obj, type(bv.output)):
@@ -65,13 +72,13 @@ class MemoryStore:
 
     kind = "memory"
 
-    def put(self, step: int, bv, value, tangent) -> Any:
+    def put(self, step: int, bv: BlockVariable, value: Any, tangent: Any) -> Any:
         return (value, tangent)
 
-    def get(self, bv, entry) -> tuple[Any, Any]:
+    def get(self, bv: BlockVariable, entry: Any) -> tuple[Any, Any]:
         return entry
 
-    def free(self, entry) -> None:
+    def free(self, entry: Any) -> None:
         pass
 
     def close(self) -> None:
@@ -86,7 +93,7 @@ class DiskStore:
     def __init__(self, spec: Disk, label: str):
         self._store = spec.open(label)
 
-    def put(self, step: int, bv, value, tangent) -> Any:
+    def put(self, step: int, bv: BlockVariable, value: Any, tangent: Any) -> Any:
         cls = type(bv.output)
         with stop_annotating():
             leaves = [np.asarray(cls._ad_to_list(bv.output._ad_restore_at_checkpoint(value)))]
@@ -94,7 +101,7 @@ class DiskStore:
                 leaves.append(np.asarray(cls._ad_to_list(tangent)))
         return self._store.put(step, leaves, None)
 
-    def get(self, bv, entry) -> tuple[Any, Any]:
+    def get(self, bv: BlockVariable, entry: Any) -> tuple[Any, Any]:
         arrays = self._store.get(entry)
         cls = type(bv.output)
         with stop_annotating():
@@ -105,7 +112,7 @@ class DiskStore:
         value = as_checkpoint(bv, out[0])
         return value, (out[1] if len(out) > 1 else None)
 
-    def free(self, entry) -> None:
+    def free(self, entry: Any) -> None:
         self._store.free(entry)
 
     def close(self) -> None:
@@ -120,7 +127,7 @@ class PackageDiskStore:
     def __init__(self, packages):
         self._packages = list(packages)
 
-    def put(self, step: int, bv, value, tangent) -> Any:
+    def put(self, step: int, bv: BlockVariable, value: Any, tangent: Any) -> Any:
         with stop_annotating():
             for p in self._packages:
                 p.continue_checkpointing()
@@ -132,14 +139,14 @@ class PackageDiskStore:
                     p.pause_checkpointing()
         return (saved, saved_t)
 
-    def get(self, bv, entry) -> tuple[Any, Any]:
+    def get(self, bv: BlockVariable, entry: Any) -> tuple[Any, Any]:
         saved, saved_t = entry
         with stop_annotating():
             value = as_checkpoint(bv, bv.output._ad_restore_at_checkpoint(saved))
             tangent = None if saved_t is None else bv.output._ad_restore_at_checkpoint(saved_t)
         return value, tangent
 
-    def free(self, entry) -> None:
+    def free(self, entry: Any) -> None:
         pass
 
     def close(self) -> None:

@@ -47,8 +47,9 @@ class CheckpointedTape(Tape):
         m.evaluate_hessian(markings)
 
 
-def enable_checkpointing(schedule: Schedule, *, tape: Tape | None = None,
-                         n_steps: int | None = None) -> CheckpointManager:
+def enable_checkpointing(
+    schedule: Schedule, *, tape: Tape | None = None, n_steps: int | None = None
+) -> CheckpointManager:
     """Checkpoint a pyadjoint tape with a retrograde schedule: the replacement of
     ``tape.enable_checkpointing(schedule)``.
 
@@ -98,12 +99,14 @@ def enable_checkpointing(schedule: Schedule, *, tape: Tape | None = None,
         raise ValueError(
             "enable_checkpointing must be called on an empty tape, before the loop is taped "
             "(as tape.enable_checkpointing): this tape already holds "
-            f"{len(tape.get_blocks())} blocks. Call tape.clear_tape() first, or use a new Tape().")
+            f"{len(tape.get_blocks())} blocks. Call tape.clear_tape() first, or use a new Tape()."
+        )
     if type(tape) is Tape:
         tape.__class__ = CheckpointedTape
     elif not isinstance(tape, CheckpointedTape):
         raise TypeError(
-            f"enable_checkpointing needs a pyadjoint Tape, got a {type(tape).__name__}.")
+            f"enable_checkpointing needs a pyadjoint Tape, got a {type(tape).__name__}."
+        )
     manager = CheckpointManager(schedule, tape, n_steps)
     tape._checkpoint_manager = manager
     return manager

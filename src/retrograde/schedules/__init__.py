@@ -6,33 +6,90 @@ and :class:`Executor`, the one way to execute them). :func:`simulate` executes a
 symbolically (:class:`Simulator`), proves it valid and counts its cost.
 """
 
-from ._actions import Action, Advance, End, Executor, Free, Record, Restore, ScheduleError, Store
-from ._actions import relabel
+from ._actions import (
+    Action,
+    Advance,
+    End,
+    Executor,
+    Free,
+    Record,
+    Restore,
+    ScheduleError,
+    Store,
+    relabel,
+)
 from ._base import (
-    Level, OfflineSchedule, OnlineRun, OnlineSchedule, Schedule, check_snapshots, check_steps,
+    Level,
+    OfflineSchedule,
+    OnlineRun,
+    OnlineSchedule,
+    Schedule,
+    check_snapshots,
+    check_steps,
     schedule_stream,
+)
+from ._default import default_schedule, default_snapshots
+from ._multilevel import MultiLevel
+from ._online import (
+    Online,
+    online_decisions,
+    online_store_slot,
+    online_targets,
+    online_totals,
+    reverse_segments,
+    segment_cost,
+    thinning_slot,
+    thinning_spacing,
 )
 from ._optimum import beta, repetition_number, revolve_optimum
 from ._revolve import Revolve, binomial_reversal, largest_split, reverse_held, revolve_split
 from ._simple import Periodic, RecomputeAll, StoreAll
 from ._simulate import Simulator, Stats, execute, simulate
-from ._online import (
-    Online, online_decisions, online_store_slot, online_targets, online_totals, reverse_segments,
-    segment_cost, thinning_slot, thinning_spacing,
-)
-from ._multilevel import MultiLevel
-from ._default import default_schedule, default_snapshots
 
 __all__ = [
-    "Action", "Advance", "End", "Free", "Record", "Restore", "Store",
-    "Executor", "ScheduleError", "relabel", "schedule_stream",
-    "Level", "OfflineSchedule", "OnlineRun", "OnlineSchedule", "Schedule",
-    "check_steps", "check_snapshots",
-    "beta", "repetition_number", "revolve_optimum",
-    "Revolve", "binomial_reversal", "reverse_held", "revolve_split", "largest_split",
-    "Periodic", "RecomputeAll", "StoreAll",
-    "Online", "online_decisions", "online_store_slot", "online_targets", "online_totals",
-    "reverse_segments", "segment_cost", "thinning_slot", "thinning_spacing",
-    "MultiLevel", "default_schedule", "default_snapshots",
-    "Simulator", "Stats", "execute", "simulate",
+    "Action",
+    "Advance",
+    "End",
+    "Free",
+    "Record",
+    "Restore",
+    "Store",
+    "Executor",
+    "ScheduleError",
+    "relabel",
+    "schedule_stream",
+    "Level",
+    "OfflineSchedule",
+    "OnlineRun",
+    "OnlineSchedule",
+    "Schedule",
+    "check_steps",
+    "check_snapshots",
+    "beta",
+    "repetition_number",
+    "revolve_optimum",
+    "Revolve",
+    "binomial_reversal",
+    "reverse_held",
+    "revolve_split",
+    "largest_split",
+    "Periodic",
+    "RecomputeAll",
+    "StoreAll",
+    "Online",
+    "online_decisions",
+    "online_store_slot",
+    "online_targets",
+    "online_totals",
+    "reverse_segments",
+    "segment_cost",
+    "thinning_slot",
+    "thinning_spacing",
+    "MultiLevel",
+    "default_schedule",
+    "default_snapshots",
+    "Simulator",
+    "Stats",
+    "execute",
+    "simulate",
 ]

@@ -28,11 +28,19 @@ compiled loops' row tables) is an :class:`Executor`: one method per action kind,
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import NamedTuple, Union
+from typing import Any, ClassVar, NamedTuple, Self
 
 __all__ = [
-    "Advance", "Store", "Restore", "Free", "Record", "End", "Action", "ScheduleError",
-    "Executor", "relabel",
+    "Advance",
+    "Store",
+    "Restore",
+    "Free",
+    "Record",
+    "End",
+    "Action",
+    "ScheduleError",
+    "Executor",
+    "relabel",
 ]
 
 
@@ -103,7 +111,7 @@ class End(NamedTuple):
     """
 
 
-Action = Union[Advance, Store, Restore, Free, Record, End]
+Action = Advance | Store | Restore | Free | Record | End
 
 
 class ScheduleError(RuntimeError):
@@ -121,7 +129,11 @@ class ScheduleError(RuntimeError):
 
 
 _METHODS = {
-    Advance: "advance", Store: "store", Restore: "restore", Free: "free", Record: "record",
+    Advance: "advance",
+    Store: "store",
+    Restore: "restore",
+    Free: "free",
+    Record: "record",
     End: "end",
 }
 
@@ -146,7 +158,7 @@ class Executor:
 
     #: Whether ``End`` was executed.
     ended: bool = False
-    _kinds: dict = {}
+    _kinds: ClassVar[dict] = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -163,7 +175,7 @@ class Executor:
         if type(action) is End:
             self.ended = True
 
-    def run(self, actions: Iterable[Action]):
+    def run(self, actions: Iterable[Action]) -> Self:
         """Execute every action of ``actions`` in order (as :meth:`execute`); returns ``self``."""
         kinds = self._kinds
         for action in actions:
@@ -206,6 +218,7 @@ def relabel(
         >>> list(relabel([Store(0, 1), Advance(0, 2), Record(2)], 10, [(0, 0), (1, 4)]))
         [Store(step=10, slot=4, level=1), Advance(start=10, stop=12), Record(step=12)]
     """
+    action: Any  # dispatched on type(action), which mypy does not narrow through `kind`
     for action in actions:
         kind = type(action)
         if kind is Advance:

@@ -15,8 +15,14 @@ from ._actions import Action, Advance, Free, ScheduleError, Store
 STORAGES = ("device", "host", "disk")
 
 __all__ = [
-    "Level", "Schedule", "OfflineSchedule", "OnlineSchedule", "OnlineRun", "check_steps",
-    "check_snapshots", "schedule_stream",
+    "Level",
+    "Schedule",
+    "OfflineSchedule",
+    "OnlineSchedule",
+    "OnlineRun",
+    "check_steps",
+    "check_snapshots",
+    "schedule_stream",
 ]
 
 
@@ -120,7 +126,7 @@ def check_snapshots(snapshots: int, name: str = "snapshots") -> int:
     return snapshots
 
 
-class Schedule(abc.ABC):
+class Schedule(abc.ABC):  # noqa: B024 - abstract through OfflineSchedule and OnlineSchedule
     """Base class of every checkpointing schedule.
 
     A schedule is an immutable description; executing it is the business of an executor (the

@@ -33,6 +33,7 @@ import functools
 import itertools
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -115,7 +116,7 @@ class MultiLevel(OfflineSchedule):
         (3246.0, 4641.0)
     """
 
-    levels: tuple[Level, ...] = ()  # type: ignore[assignment]
+    levels: tuple[Level, ...] = ()
     forward_cost: float = 1.0
     adjoint_cost: float = 1.0
 
@@ -195,12 +196,12 @@ class _Solution:
 def _revolve_stores(n_max: int, s0: int) -> np.ndarray:
     """Stores (after the first) that :func:`_mem` emits for ``n = 0..n_max`` steps.
 
-    Revolve's ``reverse_segment(n, s)`` stores ``W_s(n) = 1 + W_{s-1}(n - j) + W_s(j)`` states (``j`` its
-    split; ``W_1 = 0``; ``W_s(n) = n - 1`` when ``s >= n``), ``P_s(n)`` of them (splits with
-    ``n - j = 1``) right before recording them; :func:`_mem` drops those, so this is ``W - P``.
-    In the band ``beta(s, r-1) < n <= beta(s, r)`` the split is ``j = max(1, beta(s, r-2),
-    n - beta(s-1, r))``, which lies in an earlier band, so each band is one vectorised step:
-    ``O(s0 log n_max)`` numpy operations.
+    Revolve's ``reverse_segment(n, s)`` stores ``W_s(n) = 1 + W_{s-1}(n - j) + W_s(j)`` states
+    (``j`` its split; ``W_1 = 0``; ``W_s(n) = n - 1`` when ``s >= n``), ``P_s(n)`` of them
+    (splits with ``n - j = 1``) right before recording them; :func:`_mem` drops those, so this is
+    ``W - P``. In the band ``beta(s, r-1) < n <= beta(s, r)`` the split is
+    ``j = max(1, beta(s, r-2), n - beta(s-1, r))``, which lies in an earlier band, so each band is
+    one vectorised step: ``O(s0 log n_max)`` numpy operations.
     """
     steps = np.arange(n_max + 1)
     w_below = np.zeros(n_max + 1, dtype=np.int64)  # s = 1: no stores
@@ -292,8 +293,8 @@ def _solve(levels: tuple[Level, ...], uf: float, n: int) -> _Solution:
         if levels[k].slots is not None:  # heuristic: all short lengths, then a 6% grid
             grid = np.unique(np.round(64 * 1.06 ** np.arange(120)).astype(np.int64))
             useless &= (js > 64) & ~np.isin(js, grid)
-        cand = np.concatenate(([1], js[~useless])).astype(np.int64)
-        segs[k] = (cand.tolist(), wk + rk + uf * cand + b[cand])
+        cands = np.concatenate(([1], js[~useless])).astype(np.int64)
+        segs[k] = (cands.tolist(), wk + rk + uf * cands + b[cands])
         one_d[k] = choice
 
     # Unlimited last level: sequential 1-D DP over the chain.
@@ -526,6 +527,7 @@ def _mem_stream(n: int, s0: int) -> Iterator[Action]:
     yield Store(0, 0, 0)
     pending = None  # a Store held back until we know whether a Record of that step follows
     dropped = None
+    act: Any  # dispatched on type(act), which mypy does not narrow through `t`
     for act in reverse_segment(n, min(s0, n)):
         t = type(act)
         if pending is not None:
@@ -587,7 +589,7 @@ def _emit_exact(sol: _Solution, n: int) -> Iterator[Action]:
             return sol.vmap[slot] if sol.vmap is not None else (0, slot)
         return sol.front + vl - 1, slot
 
-    free_slots = [[] for _ in range(nv)]
+    free_slots: list[list[int]] = [[] for _ in range(nv)]
     used = [0] * nv
 
     def take(vl: int) -> int:

@@ -40,8 +40,15 @@ from ._optimum import optimum, repetition
 from ._revolve import reverse_held
 
 __all__ = [
-    "Online", "online_decisions", "online_store_slot", "online_targets", "online_totals",
-    "reverse_segments", "segment_cost", "thinning_slot", "thinning_spacing",
+    "Online",
+    "online_decisions",
+    "online_store_slot",
+    "online_targets",
+    "online_totals",
+    "reverse_segments",
+    "segment_cost",
+    "thinning_slot",
+    "thinning_spacing",
 ]
 
 
@@ -382,7 +389,7 @@ def reverse_segments(held: Sequence[int], n_steps: int, fast: int) -> Iterator[A
         >>> acts = list(reverse_segments([0, 3], 5, 2))
         >>> acts[:3]
         [Restore(step=3, slot=1, level=1), Store(step=3, slot=0, level=0), Restore(step=3, slot=0, level=0)]
-    """
+    """  # noqa: E501 - a doctest's expected output is one line
     end = n_steps
     for start, slot in sorted(((p, k) for k, p in enumerate(held) if p >= 0), reverse=True):
         yield Restore(start, slot, 1)

@@ -17,7 +17,12 @@ import numpy as np
 from ._base import check_snapshots, check_steps
 
 __all__ = [
-    "beta", "repetition", "repetition_number", "optimum", "revolve_optimum", "bands",
+    "beta",
+    "repetition",
+    "repetition_number",
+    "optimum",
+    "revolve_optimum",
+    "bands",
     "optimum_table",
 ]
 

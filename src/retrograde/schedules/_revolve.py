@@ -10,7 +10,11 @@ from ._base import MemorySlots, OfflineSchedule, check_steps
 from ._optimum import beta, repetition
 
 __all__ = [
-    "Revolve", "revolve_split", "largest_split", "reverse_segment", "reverse_held",
+    "Revolve",
+    "revolve_split",
+    "largest_split",
+    "reverse_segment",
+    "reverse_held",
     "binomial_reversal",
 ]
 
@@ -214,4 +218,3 @@ def binomial_reversal(stores: Sequence[int], n_steps: int, slots: int) -> Iterat
         yield Record(n_steps - 1)
     held = list(stores) + [-1] * (slots - len(stores))
     yield from reverse_held(held, n_steps - 1 if n_steps else 0)
-

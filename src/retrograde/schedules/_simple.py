@@ -64,8 +64,9 @@ class _StoreEveryStep(OnlineRun):
 
     def on_step(self, n: int) -> tuple[Action, ...]:
         if n != self._next:
-            raise ValueError(f"on_step(n={n}): steps must be reported in order; expected "
-                             f"n={self._next}.")
+            raise ValueError(
+                f"on_step(n={n}): steps must be reported in order; expected n={self._next}."
+            )
         self._next += 1
         return (Store(n, n, 0),)
 
@@ -167,4 +168,3 @@ class Periodic(OfflineSchedule):
         if not starts or starts[-1] == n_steps - 1:  # a last segment of one step stores nothing
             return starts[:-1]
         return starts + tuple(range(starts[-1] + 1, n_steps - 1))
-

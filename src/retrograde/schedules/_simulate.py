@@ -98,8 +98,11 @@ class Simulator(Executor):
         if self.n is not None or (self.current is not None and self.current > n_steps):
             raise ScheduleError(
                 f"the loop cannot stop after {n_steps} steps: "
-                + (f"N is {self.n} already." if self.n is not None else
-                   f"the state at hand is {self.current}.")
+                + (
+                    f"N is {self.n} already."
+                    if self.n is not None
+                    else f"the state at hand is {self.current}."
+                )
             )
         self.n = n_steps
         self.next_record = n_steps - 1
