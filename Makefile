@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 # ruff (lint rules and formatting) over the tree, mypy over src/ (configuration: pyproject.toml).
 # mypy reads the installed dependencies' types, so the lint extra goes on top of EXTRAS (one
@@ -35,7 +35,7 @@ lint:
 
 # Everything, the slow tests included.
 test-all: $(STAMP)
-	$(PY) -m pytest -q -m ''
+	$(PY) -m pytest -q -n 2 -m ''
 
 # Opt-in: JAX's and diffrax's own test suites with retrograde substituted (docs/drop-in.md).
 # make compat JAX_SRC=path/to/jax DIFFRAX_SRC=path/to/diffrax (either or both; checkouts at the
