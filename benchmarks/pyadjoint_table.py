@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 import checkpoint_schedules as cs  # noqa: E402
 import numpy as np  # noqa: E402
 import pyadjoint as pa  # noqa: E402
-from pyadjoint_vec import DiskPackage, Vec, evolve, inner, matvec  # noqa: E402
+from pyadjoint_vec import DiskPackage, Vec, evolve, inner, matvec, react  # noqa: E402
 
 import retrograde.pyadjoint as rp  # noqa: E402
 from retrograde.schedules import Level, MultiLevel, Online, RecomputeAll, Revolve, StoreAll  # noqa: E402
@@ -78,13 +78,7 @@ def vec_loop(p, tape=None):
         if n % 3 == 0:
             w.assign(u)
         matvec(v, A, u)
-        evolve(
-            u,
-            lambda u, v, p: u + 0.05 * v + 0.1 * p * u * u,
-            lambda u, v, p: [1 + 0.2 * p * u, 0.05, 0.1 * u * u],
-            lambda u, v, p: [[0.2 * p, 0, 0.2 * u], [0, 0, 0], [0.2 * u, 0, 0]],
-            [u, v, p],
-        )
+        react(u, v, p)
         if n % 3 == 2:
             evolve(
                 u,

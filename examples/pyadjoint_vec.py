@@ -38,6 +38,7 @@ __all__ = [
     "evolve",
     "inner",
     "matvec",
+    "react",
     "DiskPackage",
     "DelegatedCheckpoint",
     "FileCheckpoint",
@@ -312,6 +313,18 @@ def evolve(
     if annotate:
         block.add_output(out.create_block_variable())
     return out
+
+
+def react(u: Vec, v: Vec, p) -> Vec:
+    """``u <- u + 0.05 v + 0.1 p u^2`` in place, taped (``v`` a diffusion term, ``p`` a rate):
+    the nonlinear step of the tests' and benchmarks' loops."""
+    return evolve(
+        u,
+        lambda u, v, p: u + 0.05 * v + 0.1 * p * u * u,
+        lambda u, v, p: [1 + 0.2 * p * u, 0.05, 0.1 * u * u],
+        lambda u, v, p: [[0.2 * p, 0, 0.2 * u], [0, 0, 0], [0.2 * u, 0, 0]],
+        [u, v, p],
+    )
 
 
 def inner(u: Vec, v: Vec, weight: float = 1.0) -> AdjFloat:

@@ -10,7 +10,7 @@ import pyadjoint as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
-from pyadjoint_vec import RECOMPUTES, DiskPackage, Vec, evolve, inner, matvec
+from pyadjoint_vec import RECOMPUTES, DiskPackage, Vec, evolve, inner, matvec, react
 
 __all__ = [
     "RECOMPUTES",
@@ -21,6 +21,7 @@ __all__ = [
     "Derivatives",
     "derivatives",
     "finite_differences",
+    "react",
 ]
 
 K = 5

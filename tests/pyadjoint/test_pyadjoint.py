@@ -39,10 +39,10 @@ from ._models import (
     Vec,
     adjfloat_loop,
     derivatives,
-    evolve,
     finite_differences,
     inner,
     matvec,
+    react,
     vec_loop,
 )
 
@@ -176,13 +176,7 @@ def _uniform_loop(p, tape, n_steps):
     u, v = Vec(np.linspace(0.2, 0.8, 5)), Vec(np.zeros(5))
     for _ in tape.timestepper(iter(range(n_steps))):
         matvec(v, A, u)
-        evolve(
-            u,
-            lambda u, v, p: u + 0.05 * v + 0.1 * p * u * u,
-            lambda u, v, p: [1 + 0.2 * p * u, 0.05, 0.1 * u * u],
-            lambda u, v, p: [[0.2 * p, 0, 0.2 * u], [0, 0, 0], [0.2 * u, 0, 0]],
-            [u, v, p],
-        )
+        react(u, v, p)
     return inner(u, u)
 
 
