@@ -24,7 +24,7 @@ import pytest
 
 import retrograde
 from retrograde import schedules as rs
-from retrograde.loops import _offload, offload_stats, release_offloaded
+from retrograde.loops import _offload, _offload_runs, offload_stats, release_offloaded
 from retrograde.schedules import Level, MultiLevel, Online
 
 from .. import _signals
@@ -480,7 +480,7 @@ def test_corrupted_disk_snapshot_is_an_error(tmp_path):
     def corrupt():
         calls[0] += 1
         if calls[0] == 45:  # in the reverse sweep: overwrite the start of every level's file
-            for run in list(_offload._RUNS.values()):
+            for run in list(_offload_runs.RUNS.values()):
                 for store in run.stores.values():
                     file = getattr(store.placement, "file", None)  # a disk level's unnamed file
                     if file is not None:

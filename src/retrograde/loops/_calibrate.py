@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from ..schedules import Level
-from ._offload import Layout, Offload
+from ._offload import Offload
+from ._offload_runs import Layout
 
 __all__ = ["Transfer", "calibrate"]
 

@@ -14,7 +14,8 @@ from .._jax_private import ad, core, dispatch, mlir, pe
 from . import _batch_levels
 from ._body import Body, cut
 from ._forward_sweep import forward
-from ._offload import Offload, release_with, unread_snapshots_dce
+from ._offload import Offload, unread_snapshots_dce
+from ._offload_runs import release_with
 from ._primitives import (
     LoopPlan,
     abstract_eval,

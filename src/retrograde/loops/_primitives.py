@@ -63,7 +63,8 @@ from .._jax_private import ad, batching, core, mlir
 from ..schedules import Online, Schedule
 from . import _batch_levels
 from ._body import Body, cut, is_float
-from ._offload import Layout, stored_effects, two_level
+from ._offload import stored_effects
+from ._offload_runs import Layout, two_level
 from ._tables import tables_for
 
 # ----------------------------------------------------------------------------- static parameters

@@ -13,7 +13,7 @@ restore, advance, store and record, which costs ``O(actions)`` to build.
 
 Slots of all storage levels are numbered consecutively, those in device memory first; the
 others (levels with ``storage="host"`` or ``"disk"``) follow and live in host stores
-(:mod:`._offload`, described by the tables' :class:`~._offload.Layout`).
+(:mod:`._offload`, described by the tables' :class:`~._offload_runs.Layout`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ..schedules import Advance, Executor, OfflineSchedule, Record, Restore, Sch
 from ..schedules import largest_split as _largest_split
 from ._binomial import CAP
 from ._machine import LEAF, MOVE
-from ._offload import Layout, offloaded
+from ._offload_runs import Layout, offloaded
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -45,7 +45,8 @@ from ._carry import (
     with_weak_types,
 )
 from ._forward_sweep import forward_while
-from ._offload import release_with, stored_effects, unread_snapshots_dce
+from ._offload import stored_effects, unread_snapshots_dce
+from ._offload_runs import release_with
 from ._primitives import LoopPlan, carry_fixpoint, zero
 from ._tan_p import apply_tangent
 

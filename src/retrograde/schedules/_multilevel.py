@@ -188,7 +188,7 @@ class _Solution:
     one_d: dict  # level -> choice table of B_level (0: copy to level 0, j: split at j)
     slot_map: list | None = None  # multistage: Revolve slot -> (level, slot)
     snapshots: int = 0  # multistage: Revolve's slot count
-    vmap: list | None = None  # pooled fast slot -> (level, slot) when leading levels are merged
+    pool_map: list | None = None  # pooled fast slot -> (level, slot) when leading levels are merged
     front: int = 1  # levels pooled into the first (virtual) level
     exact: tuple | None = None  # tables of the exhaustive DP
 
@@ -253,9 +253,9 @@ def _solve(levels: tuple[Level, ...], uf: float, n: int) -> _Solution:
         front += 1
     pool = [lvl.slots for lvl in levels[:front]]
     s0 = min(n if None in pool else sum(pool), max(n, 1))
-    vmap = None
+    pool_map = None
     if front > 1:
-        vmap = [(k, i) for k in range(front) for i in range(min(pool[k] or s0, s0))][:s0]
+        pool_map = [(k, i) for k in range(front) for i in range(min(pool[k] or s0, s0))][:s0]
     steps = np.arange(n + 1)
     t0, _ = optimum_table(n, s0)
     m_cost = uf * t0.astype(float) + r0 * np.maximum(steps - 1, 0)
@@ -263,7 +263,7 @@ def _solve(levels: tuple[Level, ...], uf: float, n: int) -> _Solution:
         m_cost += w0 * (1 + _revolve_stores(n, s0))
     m_cost[:2] = 0.0
     if front == len(levels) or n <= 1:
-        return _Solution(float(m_cost[n]), s0, [], {}, vmap=vmap)
+        return _Solution(float(m_cost[n]), s0, [], {}, pool_map=pool_map)
 
     # Candidate segment lengths and 1-D tables for each slow level.
     t1, rep1 = optimum_table(n, s0 + 1)
@@ -364,7 +364,7 @@ def _solve(levels: tuple[Level, ...], uf: float, n: int) -> _Solution:
     while u_choice[m]:
         chain.append((int(u_choice[m]), top))
         m -= int(u_choice[m])
-    sol = _Solution(best, s0, chain, one_d, vmap=vmap)
+    sol = _Solution(best, s0, chain, one_d, pool_map=pool_map)
 
     if limited:
         ms = _multistage(levels, uf, n, s0)
@@ -375,7 +375,7 @@ def _solve(levels: tuple[Level, ...], uf: float, n: int) -> _Solution:
         vlevels = (Level(s0, w0, r0),) + levels[front:]
         ex = _exact(vlevels, uf, n)
         if ex is not None and ex.cost < sol.cost - _TOL:
-            ex.vmap, ex.front = vmap, front
+            ex.pool_map, ex.front = pool_map, front
             sol = ex
     return sol
 
@@ -496,7 +496,7 @@ class _SlotUse(Executor):
 # ----------------------------------------------------------------------------------- emission
 
 
-def _mem(a: int, n: int, s0: int, vmap: list | None = None) -> Iterator[Action]:
+def _mem(a: int, n: int, s0: int, pool_map: list | None = None) -> Iterator[Action]:
     """Reverse steps ``a .. a+n-1`` with ``u_a`` at hand, using level 0 only (Revolve).
 
     Revolve stores the last state of a segment right before recording it (``Store(m)``,
@@ -507,10 +507,10 @@ def _mem(a: int, n: int, s0: int, vmap: list | None = None) -> Iterator[Action]:
         yield Record(a)
         return
     rel = _mem_relative(n, min(s0, n)) if n <= _SEGMENT_CACHE_STEPS else _mem_stream(n, s0)
-    if vmap is None and not a:
+    if pool_map is None and not a:
         yield from rel
         return
-    yield from relabel(rel, a, vmap)
+    yield from relabel(rel, a, pool_map)
 
 
 _SEGMENT_CACHE_STEPS = 2048
@@ -557,17 +557,17 @@ def _emit_chain(sol: _Solution, n: int) -> Iterator[Action]:
         yield Advance(pos, pos + length)
         held.append((pos, length, slot, k))
         pos += length
-    yield from _mem(pos, n - pos, sol.s0, sol.vmap)
+    yield from _mem(pos, n - pos, sol.s0, sol.pool_map)
     for a, length, slot, k in reversed(held):
         yield Restore(a, slot, k)
         choice = sol.one_d[k]
         while True:
             j = int(choice[length])
             if not j:
-                yield from _mem(a, length, sol.s0, sol.vmap)
+                yield from _mem(a, length, sol.s0, sol.pool_map)
                 break
             yield Advance(a, a + j)
-            yield from _mem(a + j, length - j, sol.s0, sol.vmap)
+            yield from _mem(a + j, length - j, sol.s0, sol.pool_map)
             yield Restore(a, slot, k)
             length = j
         yield Free(a, slot, k)
@@ -586,7 +586,7 @@ def _emit_exact(sol: _Solution, n: int) -> Iterator[Action]:
 
     def real(vl: int, slot: int) -> tuple[int, int]:
         if vl == 0:
-            return sol.vmap[slot] if sol.vmap is not None else (0, slot)
+            return sol.pool_map[slot] if sol.pool_map is not None else (0, slot)
         return sol.front + vl - 1, slot
 
     free_slots: list[list[int]] = [[] for _ in range(nv)]
