@@ -73,7 +73,7 @@ def offloaded(level: Level) -> bool:
     return level.storage != "device"
 
 
-def two_level(schedule) -> Layout | None:
+def two_level(schedule: Any) -> Layout | None:
     """The layout of ``Online(snapshots, slow=...)``: ``snapshots`` device slots (level 0) and
     the slow level's slots, offloaded (level 1); ``None`` for a one-level ``Online``."""
     slow = getattr(schedule, "slow", None)
@@ -149,7 +149,7 @@ def offload_stats(reset: bool = False) -> OffloadStats:
     return out
 
 
-def release_with(handle) -> None:
+def release_with(handle: Any) -> None:
     """Release the store behind ``handle`` (a concrete int32 array) when that array is garbage
     collected, unless the reverse sweep that reads it released it first."""
     weakref.finalize(handle, close_run, int(np.asarray(handle)))
@@ -182,7 +182,7 @@ class Run:
         self.stores: dict[int, Store] = {}
         self.held: dict[tuple[int, int], Snapshot] = {}  # (level, slot) -> its snapshot
 
-    def level(self, j):
+    def level(self, j: int) -> tuple[int, int, Store]:
         """``(level, slot, store)`` of offloaded slot ``j``."""
         k = self.layout.n_device + j
         lvl = self.layout.level[k]
@@ -193,7 +193,7 @@ class Run:
             store = self.stores[lvl] = level_storage(spec, unnamed=True).open(label)
         return lvl, self.layout.slot[k], store
 
-    def write(self, j, step, arrays) -> int:
+    def write(self, j: int, step: int, arrays: list) -> int:
         """Store ``arrays`` (the state ``u_step``) in offloaded slot ``j``; its level. The slot
         reads as empty until the write completes."""
         lvl, slot, store = self.level(j)
@@ -203,7 +203,7 @@ class Run:
         self.held[(lvl, slot)] = store.put(step, arrays)
         return lvl
 
-    def read(self, j):
+    def read(self, j: int) -> tuple[int, int | None, Any]:
         """``(level, step, arrays)`` held in offloaded slot ``j`` (``step`` ``None``: empty); the
         arrays are read-only (they are copied to the device)."""
         lvl, slot, store = self.level(j)
@@ -213,10 +213,10 @@ class Run:
         return lvl, snap.step, store.get(snap, copy=False)
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return sum(s.nbytes for s in self.stores.values())
 
-    def close(self):
+    def close(self) -> None:
         stores = list(self.stores.values())
         self.stores.clear()
         self.held.clear()
@@ -224,7 +224,7 @@ class Run:
             store.close()
 
 
-def run_of(handle, what: str) -> Run:
+def run_of(handle: Any, what: str) -> Run:
     with _LOCK:
         run = RUNS.get(int(handle))
     if run is None:
@@ -256,7 +256,7 @@ def close_run(handle: int) -> None:
         run.close()
 
 
-def put_snapshot(handle, j, step, arrays) -> None:
+def put_snapshot(handle: Any, j: Any, step: Any, arrays: Any) -> None:
     run = run_of(handle, f"store the snapshot of step {int(step)}")
     start = time.perf_counter()
     try:
@@ -271,7 +271,7 @@ def put_snapshot(handle, j, step, arrays) -> None:
         _add(_STATS.write_seconds, lvl, seconds)
 
 
-def get_snapshot(handle, j, step, avals):
+def get_snapshot(handle: Any, j: Any, step: Any, avals: Any) -> tuple:
     step = int(step)
     run = run_of(handle, f"restore the snapshot of step {step}")
     start = time.perf_counter()
@@ -303,7 +303,7 @@ def get_snapshot(handle, j, step, avals):
     return tuple(arrays)
 
 
-def count_device_access(kind: str, layout: Layout, k) -> None:
+def count_device_access(kind: str, layout: Layout, k: Any) -> None:
     table = _STATS.device_writes if kind == "write" else _STATS.device_reads
     with _LOCK:
         _add(table, layout.level[int(k)], 1)
