@@ -198,7 +198,7 @@ class CheckpointManager:
         self._hand_capture: dict = {}  # block variable -> value: step m's reads of earlier steps
         self._boundary = 0
         self._reading = None  # the variable being read (see capture_read)
-        self._hand: dict | None = None
+        self._hand: tuple[int, dict] | None = None  # (n, u_n) where the first sweep ended
         self._prefix_len: int | None = None
         self._online_saved: OnlineRun | None = None
         self._cached_plan: _Plan | None = None
@@ -329,7 +329,7 @@ class CheckpointManager:
                     f"the schedule stopped at step {self._check.current}, not {N - 1}."
                 )
             self._prefix_len = self._stream.taken
-            self._hand = {bv: (v, None) for bv, v in self._hand_capture.items()}
+            self._hand = (N - 1, {bv: (v, None) for bv, v in self._hand_capture.items()})
         self._hand_capture = {}
         self._covered = {}
         self._taping_steps, self._taping_snaps = [], []
@@ -362,14 +362,8 @@ class CheckpointManager:
                 "retrograde.pyadjoint reverses the whole tape only (last_block=0)."
             )
         self._ensure_taped()
-        seeds = []
-        for outs in self.graph.outs:
-            for bv in outs:
-                if bv.adj_value is not None:
-                    seeds.append((bv, bv.adj_value))
-                if bv.is_control:  # a block output marked as a control: the user's value
-                    self._controls.add(bv)
-        self.seeds = seeds
+        self._note_controls()
+        self.seeds = [(bv, bv.adj_value) for bv in self._outputs() if bv.adj_value is not None]
         self._reverse(hessian=False, markings=markings)
 
     def evaluate_tlm(self, markings: bool = False) -> None:
@@ -403,7 +397,7 @@ class CheckpointManager:
 
     def _note_controls(self) -> None:
         """Remember block outputs marked as controls (their values are the user's)."""
-        self._controls.update(bv for outs in self.graph.outs for bv in outs if bv.is_control)
+        self._controls.update(bv for bv in self._outputs() if bv.is_control)
 
     def _drop_persistent(self) -> None:
         for snap in self._persistent.values():
@@ -428,7 +422,7 @@ class CheckpointManager:
         with stop_annotating():
             sweep.replay(plan.forward)
             if plan.hand < N:
-                self._hand = sweep.hold(plan.hand)
+                self._hand = (plan.hand, sweep.hold(plan.hand))
                 sweep.advance_to(plan.hand, N)
         self._persistent = sweep.slots
         self._after_taping = False
@@ -465,8 +459,8 @@ class CheckpointManager:
         try:
             with stop_annotating():
                 if self._hand is not None:
-                    hand, self._hand = self._hand, None
-                    sweep.load(self._checked.current if after_taping else self._plan().hand, hand)
+                    (n, hand), self._hand = self._hand, None
+                    sweep.load(n, hand)
                     del hand
                 if after_taping:
                     sweep.run_checked(self._taping_reverse())
@@ -661,10 +655,7 @@ class _Sweep(Executor):
         snap = _Snapshot(step, level, store)
         if not self.hold_all:  # (with StoreAll every value stays where it is)
             held = self.hold(step)
-            if store.kind == "memory":
-                snap.entries = held
-            else:
-                snap.entries = {bv: store.put(step, bv, v, t) for bv, (v, t) in held.items()}
+            snap.entries = {bv: store.put(step, bv, v, t) for bv, (v, t) in held.items()}
         self.m.counts.writes[level] += 1
         self.slots[(level, slot)] = snap
         if self.temp is not None:
@@ -680,11 +671,7 @@ class _Sweep(Executor):
         if self.at is not None and not self.hold_all:
             self._clear(self.g.live[self.at])
         store = snap.store
-        if store.kind == "memory":
-            values = snap.entries
-        else:
-            values = {bv: store.get(bv, entry) for bv, entry in snap.entries.items()}
-        self.load(step, values)
+        self.load(step, {bv: store.get(bv, entry) for bv, entry in snap.entries.items()})
 
     def free(self, a: Free) -> None:
         snap = self.slots.pop((a.level, a.slot))

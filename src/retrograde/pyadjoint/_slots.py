@@ -70,8 +70,6 @@ def as_checkpoint(bv: BlockVariable, obj: Any) -> Any:
 class MemoryStore:
     """Entries held by reference in this process's memory."""
 
-    kind = "memory"
-
     def put(self, step: int, bv: BlockVariable, value: Any, tangent: Any) -> Any:
         return (value, tangent)
 
@@ -87,8 +85,6 @@ class MemoryStore:
 
 class DiskStore:
     """Entries written to retrograde's checksummed snapshot files (one file per entry)."""
-
-    kind = "disk"
 
     def __init__(self, spec: Disk, label: str):
         self._store = spec.open(label)
@@ -121,8 +117,6 @@ class DiskStore:
 
 class PackageDiskStore:
     """Entries written by the tape's packages' own disk checkpointing (Firedrake's)."""
-
-    kind = "disk"
 
     def __init__(self, packages):
         self._packages = list(packages)
