@@ -3,7 +3,8 @@
 A schedule for ``N`` steps of ``u_{n+1} = step(u_n)`` is executed by an executor that holds one
 *current* state (the state ``u_n`` "at hand") and a number of snapshot slots on one or more
 storage levels (level 0 is the fastest, e.g. device memory; later levels may be host memory
-or disk). The vocabulary has six actions:
+or disk). The vocabulary has six actions, and two more for mixed schedules (a slot may hold the
+data one step's adjoint needs instead of a state):
 
 =============================  ==============================================================
 ``Advance(start, stop)``       Plain evaluation of steps ``start .. stop-1``: the current state
@@ -18,6 +19,15 @@ or disk). The vocabulary has six actions:
                                the current state must be ``u_step``. Steps are recorded in the
                                order ``N-1, N-2, ..., 0``. Afterwards no state is at hand.
 ``End()``                      All ``N`` steps were recorded; every slot still held is released.
+``Linearize(step, slot, level)`` Evaluation of step ``step`` that also writes the data its adjoint
+                               needs into an empty slot: the current state must be ``u_step``;
+                               afterwards it is ``u_{step+1}``. Costs one forward evaluation and
+                               one write of the step's data.
+``Reverse(step, slot, level)``   The adjoint of step ``step`` from the data in ``slot`` (written
+                               by ``Linearize(step, ...)``): no forward evaluation. Steps are
+                               reversed in the same order as ``Record`` (each step once, by one
+                               of the two); afterwards no state is at hand. The slot stays held
+                               until ``Free``. Costs one read of the step's data.
 =============================  ==============================================================
 
 Actions are small immutable tuples, so that a schedule can stream millions of them cheaply.
@@ -37,6 +47,8 @@ __all__ = [
     "Free",
     "Record",
     "End",
+    "Linearize",
+    "Reverse",
     "Action",
     "ScheduleError",
     "Executor",
@@ -111,7 +123,33 @@ class End(NamedTuple):
     """
 
 
-Action = Advance | Store | Restore | Free | Record | End
+class Linearize(NamedTuple):
+    """Evaluate step ``step`` (state ``u_step`` -> ``u_{step+1}``) keeping the data its adjoint
+    needs in the empty ``slot`` of ``level`` (mixed checkpointing).
+
+    Costs one forward evaluation and one write of the step's data. Example:
+    ``Linearize(step=3, slot=1)`` keeps step 3's data in slot 1, then ``u_4`` is at hand.
+    """
+
+    step: int
+    slot: int
+    level: int = 0
+
+
+class Reverse(NamedTuple):
+    """The adjoint of step ``step`` from the data ``Linearize(step, slot, level)`` kept: no
+    forward evaluation. Steps are reversed in the order ``N-1, ..., 0``, each by ``Record`` or by
+    ``Reverse``; afterwards no state is at hand. The slot stays held until ``Free``.
+
+    Example: ``Reverse(step=3, slot=1)`` then ``Free(step=3, slot=1)``.
+    """
+
+    step: int
+    slot: int
+    level: int = 0
+
+
+Action = Advance | Store | Restore | Free | Record | End | Linearize | Reverse
 
 
 class ScheduleError(RuntimeError):
@@ -135,6 +173,8 @@ _METHODS = {
     Free: "free",
     Record: "record",
     End: "end",
+    Linearize: "linearize",
+    Reverse: "reverse",
 }
 
 
@@ -142,9 +182,11 @@ class Executor:
     """Base of everything that executes actions: one method per action kind (``advance``,
     ``store``, ``restore``, ``free``, ``record``, ``end``, each taking the action), and
     :meth:`execute`/:meth:`run`, which dispatch to them. A subclass overrides the kinds it acts
-    on; the others do nothing. ``End`` ends the stream: any action after it, and any object
-    that is not an action, raises :class:`ScheduleError`. For speed, a subclass's methods are
-    looked up once, when the class is created: define them in the class body.
+    on; the others do nothing, except the two actions of mixed schedules (``linearize``,
+    ``reverse``), which raise unless overridden. ``End`` ends the stream: any action after it,
+    and any object that is not an action, raises :class:`ScheduleError`. For speed, a
+    subclass's methods are looked up once, when the class is created: define them in the class
+    body.
 
     Example, counting the plain evaluations of a stream:
         >>> from retrograde.schedules import Executor, Revolve
@@ -206,6 +248,16 @@ class Executor:
     def end(self, action: End) -> None:
         """The end of the schedule."""
 
+    def linearize(self, action: Linearize) -> None:
+        """Evaluation of ``action.step`` keeping its adjoint's data in a slot. An executor that
+        does not override it cannot run mixed schedules, and says so."""
+        raise ScheduleError(f"{action}: {type(self).__name__} does not run mixed schedules.")
+
+    def reverse(self, action: Reverse) -> None:
+        """The adjoint of ``action.step`` from a slot's data. As :meth:`linearize`, an error
+        unless overridden."""
+        raise ScheduleError(f"{action}: {type(self).__name__} does not run mixed schedules.")
+
 
 def relabel(
     actions: Iterable[Action], offset: int = 0, slots: Sequence[tuple[int, int]] | None = None
@@ -227,7 +279,7 @@ def relabel(
             yield Record(action.step + offset)
         elif kind is End:
             yield action
-        else:  # Store, Restore, Free
+        else:  # Store, Restore, Free, Linearize, Reverse
             level, slot = (action.level, action.slot) if slots is None else slots[action.slot]
             yield kind(action.step + offset, slot, level)
 

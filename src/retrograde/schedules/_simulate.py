@@ -6,7 +6,18 @@ import copy
 import dataclasses
 from collections.abc import Iterable
 
-from ._actions import Advance, End, Executor, Free, Record, Restore, ScheduleError, Store
+from ._actions import (
+    Advance,
+    End,
+    Executor,
+    Free,
+    Linearize,
+    Record,
+    Restore,
+    Reverse,
+    ScheduleError,
+    Store,
+)
 from ._base import Level, OfflineSchedule, OnlineSchedule, Schedule, check_steps, schedule_stream
 
 __all__ = ["Stats", "ScheduleError", "Simulator", "simulate", "execute"]
@@ -19,12 +30,16 @@ class Stats:
     Attributes:
         n_steps: number of steps ``N``.
         plain: plain step evaluations (first sweep and recomputations).
-        recorded: recorded evaluations (step plus adjoint); always ``N``.
+        recorded: recorded evaluations (step plus adjoint); ``N`` less ``reversed``.
         writes, reads: ``Store``/``Restore`` counts per storage level.
-        peak_slots: the most slots held at once, per level.
+        peak_slots: the most slots held at once (states and data), per level.
         levels: the storage levels (for the cost model).
-        cost: ``plain * forward_cost + recorded * adjoint_cost + sum(writes * write_cost +
-            reads * read_cost)`` with unit forward and adjoint costs.
+        linearized: ``Linearize`` evaluations (a forward evaluation keeping the step's data).
+        reversed: steps reversed from stored data (``Reverse``); ``recorded + reversed = N``.
+        data_writes, data_reads: ``Linearize``/``Reverse`` counts per storage level.
+        cost: ``(plain + linearized) * forward_cost + recorded * adjoint_cost + sum(writes *
+            write_cost + reads * read_cost)`` with unit forward and adjoint costs (the adjoint
+            of a step reversed from data is paid by every schedule and not counted).
 
     Example:
         >>> from retrograde.schedules import Revolve, simulate
@@ -39,11 +54,15 @@ class Stats:
     reads: tuple[int, ...]
     peak_slots: tuple[int, ...]
     levels: tuple[Level, ...]
+    linearized: int = 0
+    reversed: int = 0
+    data_writes: tuple[int, ...] = ()
+    data_reads: tuple[int, ...] = ()
 
     @property
     def evaluations(self) -> int:
-        """Plain plus recorded evaluations."""
-        return self.plain + self.recorded
+        """Forward evaluations: plain, linearized and recorded."""
+        return self.plain + self.linearized + self.recorded
 
     def total_cost(self, forward_cost: float = 1.0, adjoint_cost: float = 1.0) -> float:
         """Cost under the levels' write/read costs and the given per-step costs."""
@@ -51,7 +70,9 @@ class Stats:
             w * lvl.write_cost + r * lvl.read_cost
             for w, r, lvl in zip(self.writes, self.reads, self.levels)
         )
-        return self.plain * forward_cost + self.recorded * adjoint_cost + transfer
+        return (
+            (self.plain + self.linearized) * forward_cost + self.recorded * adjoint_cost + transfer
+        )
 
     @property
     def cost(self) -> float:
@@ -63,7 +84,8 @@ class Simulator(Executor):
     :class:`ScheduleError` at the first impossible one, and counts what they cost.
 
     It holds the step of the state at hand (:attr:`current`, ``None`` after a ``Record``), the
-    step held in each slot of each level, and the next step to record. ``u_0`` is at hand at the
+    step held in each slot of each level (a state's, or with ``Linearize`` a step's data: one
+    cannot be restored as the other), and the next step to record. ``u_0`` is at hand at the
     start. Anything that executes a schedule (the host loop driver, the picture of a schedule)
     can run its actions through a simulator first, so that each is proven valid before it runs.
 
@@ -82,6 +104,11 @@ class Simulator(Executor):
     def __init__(self, levels: tuple[Level, ...], n_steps: int | None):
         self.levels = tuple(levels)
         self.held: list[dict[int, int]] = [dict() for _ in self.levels]
+        self.data: list[dict[int, int]] = [dict() for _ in self.levels]  # slot -> step of its data
+        self.linearized = 0
+        self.reversed = 0
+        self.data_writes = [0] * len(self.levels)
+        self.data_reads = [0] * len(self.levels)
         self.current: int | None = 0
         self.n: int | None = None
         self.next_record = -1
@@ -111,15 +138,28 @@ class Simulator(Executor):
         """An independent copy (``O(slots)``), to execute several continuations of one prefix."""
         other = copy.copy(self)
         other.held = [dict(h) for h in self.held]
+        other.data = [dict(h) for h in self.data]
         other.writes, other.reads, other.peak = self.writes[:], self.reads[:], self.peak[:]
+        other.data_writes, other.data_reads = self.data_writes[:], self.data_reads[:]
         return other
 
-    def not_held(self, action: Restore | Free, holds: int | None) -> None:
-        """Raise the error for a ``Restore``/``Free`` whose slot holds ``holds`` (``None``:
-        nothing) instead of ``action.step``."""
+    def not_held(self, action: Restore | Free | Reverse, holds: int | None) -> None:
+        """Raise the error for a ``Restore``/``Free``/``Reverse`` whose slot holds ``holds``
+        (``None``: nothing) instead of what ``action`` asks for."""
+        data = self.data[action.level].get(action.slot)
+        if holds is not None:
+            what = f"state {holds}"
+        elif data is not None:
+            what = f"the data of step {data}"
+        else:
+            what = "nothing"
+        wanted = f"the data of step {action.step}" if type(action) is Reverse else action.step
+        hint = ""
+        if type(action) is Restore and data is not None:
+            hint = " (a sweep cannot restart from a step's data)"
         raise ScheduleError(
-            f"{action}: slot {action.slot} of level {action.level} holds {holds}, "
-            f"not {action.step}."
+            f"{action}: slot {action.slot} of level {action.level} holds {what}, "
+            f"not {wanted}{hint}."
         )
 
     # ------------------------------------------------------------------ the actions
@@ -146,14 +186,26 @@ class Simulator(Executor):
         held = self._slots(action, level)
         if self.current != n:
             raise self._not_at_hand(action, n)
-        if slot in held:
-            raise ScheduleError(f"{action}: slot {slot} still holds state {held[slot]}.")
+        self._take(action, level, slot)
+        held[slot] = n
+        self.writes[level] += 1
+        self._peak(level)
+
+    def _take(self, action, level: int, slot: int) -> None:
+        if slot in self.held[level]:
+            raise ScheduleError(
+                f"{action}: slot {slot} still holds state {self.held[level][slot]}."
+            )
+        if slot in self.data[level]:
+            raise ScheduleError(
+                f"{action}: slot {slot} still holds the data of step {self.data[level][slot]}."
+            )
         cap = self.levels[level].slots
         if slot < 0 or (cap is not None and slot >= cap):
             raise ScheduleError(f"{action}: level {level} has slots 0..{cap - 1}.")
-        held[slot] = n
-        self.writes[level] += 1
-        self.peak[level] = max(self.peak[level], len(held))
+
+    def _peak(self, level: int) -> None:
+        self.peak[level] = max(self.peak[level], len(self.held[level]) + len(self.data[level]))
 
     def restore(self, action: Restore) -> None:
         n, slot, level = action
@@ -166,19 +218,50 @@ class Simulator(Executor):
     def free(self, action: Free) -> None:
         n, slot, level = action
         held = self._slots(action, level)
+        if self.data[level].get(slot) == n and slot not in held:
+            del self.data[level][slot]
+            return
         if held.get(slot) != n:
             self.not_held(action, held.get(slot))
         del held[slot]
 
-    def record(self, action: Record) -> None:
-        (n,) = action
+    def _next(self, action, n: int) -> None:
         if self.n is None:
             raise ScheduleError(f"{action} before the loop stopped (its step count is unknown).")
         if n != self.next_record:
             raise ScheduleError(f"{action}: the next step to record is {self.next_record}.")
+
+    def record(self, action: Record) -> None:
+        (n,) = action
+        self._next(action, n)
         if self.current != n:
             raise self._not_at_hand(action, n)
         self.recorded += 1
+        self.next_record -= 1
+        self.current = None
+
+    def linearize(self, action: Linearize) -> None:
+        n, slot, level = action
+        self._slots(action, level)
+        if self.current != n:
+            raise self._not_at_hand(action, n)
+        if self.n is not None and n >= self.n:
+            raise ScheduleError(f"{action}: the loop has {self.n} steps.")
+        self._take(action, level, slot)
+        self.data[level][slot] = n
+        self.data_writes[level] += 1
+        self._peak(level)
+        self.linearized += 1
+        self.current = n + 1
+
+    def reverse(self, action: Reverse) -> None:
+        n, slot, level = action
+        self._slots(action, level)
+        self._next(action, n)
+        if self.data[level].get(slot) != n:
+            self.not_held(action, self.held[level].get(slot))
+        self.data_reads[level] += 1
+        self.reversed += 1
         self.next_record -= 1
         self.current = None
 
@@ -198,6 +281,10 @@ class Simulator(Executor):
             reads=tuple(self.reads),
             peak_slots=tuple(self.peak),
             levels=self.levels,
+            linearized=self.linearized,
+            reversed=self.reversed,
+            data_writes=tuple(self.data_writes),
+            data_reads=tuple(self.data_reads),
         )
 
 
