@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from ..loops import while_loop
+from ..loops._slots import vary_over, varying_axes
 from ..schedules import default_schedule
 from ._buffers import bounded_while_loop, unwrap, wrap
 from ._private import with_replaced
@@ -207,7 +208,43 @@ def _outer_loop(cond_fun, body_fun, init_val, *, solver, fast_solver, **kwargs):
     fast = None
     if fast_solver is not None:
         fast = with_replaced(body_fun, solver, fast_solver)
+    if jax.sharding.get_abstract_mesh().manual_axes:
+        init_val = _varying_init(body_fun, init_val)
     return outer_while_loop(cond_fun, body_fun, init_val, first_order_body_fun=fast, **kwargs)
+
+
+def _is_save_state(x) -> bool:
+    return hasattr(x, "ys") and hasattr(x, "save_index")
+
+
+def _varying_init(body_fun, init_val):
+    """Inside ``jax.shard_map``: diffrax's initial loop state with each leaf typed as the step
+    makes it, as a user of ``jax.lax.while_loop`` would write it (``jax.lax.pcast(...,
+    to="varying")`` on the initial carry). diffrax builds its save buffers and its solver and
+    controller states replicated, while the solution varies over the mesh axes of ``y0``: its
+    save buffers are made to vary as ``y0`` does (those saved only after the loop too), then
+    every leaf the step makes vary is made to, until the types are fixed (one trace of the step
+    per round, at most one round per leaf)."""
+    axes = frozenset().union(*(jax.typeof(v).mat.varying for v in jtu.tree_leaves(init_val.y)))
+
+    def vary(x, wanted):
+        return vary_over(x, wanted) if isinstance(x, jax.Array) else x
+
+    saves = jtu.tree_map(
+        lambda s: eqx.tree_at(lambda t: t.ys, s, jtu.tree_map(lambda y: vary(y, axes), s.ys)),
+        init_val.save_state,
+        is_leaf=_is_save_state,
+    )
+    init_val = eqx.tree_at(lambda st: st.save_state, init_val, saves)
+    leaves, tree = jtu.tree_flatten(init_val)
+    for _ in range(len(leaves) + 1):
+        out = jtu.tree_leaves(jax.eval_shape(body_fun, init_val))
+        wider = [vary(x, varying_axes(o)) for x, o in zip(leaves, out)]
+        if all(w is x for w, x in zip(wider, leaves)):
+            return init_val
+        leaves = wider
+        init_val = jtu.tree_unflatten(tree, leaves)
+    return init_val
 
 
 class _Undifferentiated(diffrax.AbstractProgressMeter):

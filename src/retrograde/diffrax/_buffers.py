@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from ..loops._slots import vary_as
 from ._private import Buffer
 from ._write_once import write_once
 
@@ -308,7 +309,10 @@ class _Loop:
         return [
             None
             if r is None
-            else (jnp.zeros((self.max_steps, *r[0].shape), r[0].dtype), self.out_of_bounds(b))
+            else (
+                vary_as(jnp.zeros((self.max_steps, *r[0].shape), r[0].dtype), r[0]),
+                vary_as(self.out_of_bounds(b), r[1]),
+            )
             for r, b in zip(self.row_shapes, self.bufs)
         ]
 

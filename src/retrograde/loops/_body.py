@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import jax
 from jax.extend import core as jex_core
 
-from .._jax_private import ad, pe
+from .._jax_private import ad, core, pe
 
 Mask = tuple[bool, ...]
 
@@ -35,10 +35,6 @@ def cut(seq: Sequence, sizes: Sequence[int]) -> list[list]:
 def is_float(aval) -> bool:
     """Whether leaves of this abstract value get tangents and cotangents."""
     return jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact)
-
-
-def _sds(aval, lead: tuple[int, ...] = ()) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(lead + tuple(aval.shape), aval.dtype)
 
 
 class Body:
@@ -218,7 +214,7 @@ def jvp_body(body: Body, mc: Mask, mk: Mask, mx: Mask) -> tuple[Body, Mask, Mask
         *body.x_avals,
         *tangent_avals(body.x_avals, mx),
     ]
-    closed = jax.make_jaxpr(augmented)(*[_sds(a) for a in avals])
+    closed = jax.make_jaxpr(augmented)(*avals)
     child = Body(
         closed,
         nc + sum(mc),
@@ -254,7 +250,10 @@ def guarded(step, guard, nc: int, nk: int):
     ``(consts, carry, x) -> (carry, y)`` and ``guard`` ``(consts, carry) -> [bool]``. The guard is a
     scalar, or one boolean per batch element (broadcast over each leaf's trailing axes). A leaf
     that ``step`` returns unchanged is returned as it is, unguarded: a batched guard does not make
-    it batched (as ``jax.lax.while_loop`` keeps a read-only carry leaf unbatched)."""
+    it batched (as ``jax.lax.while_loop`` keeps a read-only carry leaf unbatched). Inside
+    ``jax.shard_map`` a leaf that does not vary over a mesh axis the guard varies over is
+    unguarded too (the guard would change its type): each device replays only steps whose
+    predicate held there, so the guard is true wherever it is not batched."""
     run_step, run_guard = jex_core.jaxpr_as_fun(step), jex_core.jaxpr_as_fun(guard)
     same = passthrough(step, nc, nk)
 
@@ -262,10 +261,15 @@ def guarded(step, guard, nc: int, nk: int):
         (ok,) = run_guard(*args[: nc + nk])
         ok = jax.numpy.asarray(ok)  # a constant predicate comes back as a Python bool
         out = run_step(*args)
+        wider = core.typeof(ok).mat.varying
         kept = [
-            o if s else jax.numpy.where(ok.reshape(ok.shape + (1,) * (o.ndim - ok.ndim)), n, o)
+            o
+            if s
+            else n
+            if not wider <= core.typeof(o).mat.varying
+            else jax.numpy.where(ok.reshape(ok.shape + (1,) * (o.ndim - ok.ndim)), n, o)
             for n, o, s in zip(out[:nk], args[nc : nc + nk], same)
         ]
         return [*kept, *out[nk:]]
 
-    return jax.make_jaxpr(fun)(*[_sds(a) for a in step.in_avals])
+    return jax.make_jaxpr(fun)(*step.in_avals)

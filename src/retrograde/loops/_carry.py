@@ -34,14 +34,9 @@ def leaf_array(leaf, where: str, what: str):
 
 
 def aval_of(value) -> core.ShapedArray:
-    """Shape, dtype and weak type of an array or tracer (no sharding: steps are traced without)."""
-    a = core.typeof(value)
-    return core.ShapedArray(a.shape, a.dtype, weak_type=a.weak_type)
-
-
-def sds(aval) -> jax.ShapeDtypeStruct:
-    """A tracing stand-in for ``aval`` that keeps its weak type."""
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+    """The abstract value of an array or tracer: shape, dtype, weak type and, inside
+    ``shard_map``, the mesh axes it varies over (``vma``), with which the step is traced."""
+    return core.typeof(value)
 
 
 def check_static_int(value, where: str, what: str, hint: str = "") -> None:
@@ -160,30 +155,49 @@ def check_structure(names: Names, carry_in, carry_out) -> None:
 
 
 def _type_str(aval) -> str:
-    return f"{aval.dtype.name}{list(aval.shape)}" + (" (weakly typed)" if aval.weak_type else "")
+    varying = sorted(map(str, aval.mat.varying))
+    return (
+        f"{aval.dtype.name}{list(aval.shape)}"
+        + (" (weakly typed)" if aval.weak_type else "")
+        + (f" varying over mesh axes {tuple(varying)}" if varying else "")
+    )
 
 
 def check_types(names: Names, paths, avals_in, avals_out) -> None:
-    """``TypeError`` naming each carry leaf (by its path) whose shape or dtype the step
-    changed. Weak types are ignored, as in ``jax.lax`` (they are promoted before, see
-    :func:`trace_carry`)."""
-    items = []
+    """``TypeError`` naming each carry leaf (by its path) whose shape, dtype or, inside
+    ``jax.shard_map``, varying mesh axes the step changed. Weak types are ignored, as in
+    ``jax.lax`` (they are promoted before, see :func:`trace_carry`)."""
+    items, fixes = [], []
     for path, a, b in zip(paths, avals_in, avals_out):
         if not core.typematch(a, b):
             what = [
                 w
-                for w, bad in (("dtypes", a.dtype != b.dtype), ("shapes", a.shape != b.shape))
+                for w, bad in (
+                    ("dtypes", a.dtype != b.dtype),
+                    ("shapes", a.shape != b.shape),
+                    ("varying mesh axes", a.mat.varying != b.mat.varying),
+                )
                 if bad
             ]
             items.append(
                 f"{names.label(path)} goes in as {_type_str(a)} and comes "
                 f"out as {_type_str(b)} (the {' and '.join(what) or 'types'} differ)"
             )
+            new = tuple(sorted(map(str, b.mat.varying - a.mat.varying)))
+            if new:
+                fixes.append(
+                    f"jax.lax.pcast(..., {new}, to='varying') to the initial value of "
+                    f"{names.label(path)}"
+                )
     if items:
+        fix = (
+            f"Apply {' and '.join(fixes)}, as for jax.lax.scan inside jax.shard_map"
+            if fixes
+            else "Fix the step's output (e.g. cast it with .astype) or the initial value"
+        )
         raise TypeError(
-            f"{names.where}: {names.fun} must return each carry leaf with the shape and dtype it "
-            f"came in with: {_join(items)}. Fix the step's output (e.g. cast it with .astype) or "
-            f"the initial value."
+            f"{names.where}: {names.fun} must return each carry leaf with the type (shape, dtype "
+            f"and varying mesh axes) it came in with: {_join(items)}. {fix}."
         )
 
 
@@ -206,7 +220,9 @@ def trace_carry(trace: Callable, init: Sequence, check: Callable) -> tuple[Any, 
         for v, a, b in zip(init, avals, out)
     ]
     if any(d is not None for d in dtypes):
-        avals = [a if d is None else core.ShapedArray(a.shape, d) for a, d in zip(avals, dtypes)]
+        avals = [
+            a if d is None else a.update(dtype=d, weak_type=False) for a, d in zip(avals, dtypes)
+        ]
         traced, out = trace(avals)
     check(avals, out)
     return traced, dtypes

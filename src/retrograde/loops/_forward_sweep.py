@@ -157,6 +157,9 @@ def forward_while(
         _, (ok,) = cond.runner(False)(consts, [], carry)
         return any_over(ok, axes) & (n < limit)
 
+    def stopped(n, carry):  # False, typed as ``go``'s value (it may vary over mesh axes)
+        return zeros(cond.y_avals)[0]
+
     def run(phases, state):
         """Run the loop from ``state``, in phases ``[(place, stop), ...]``: the steps ``n <
         stop`` (``None``: the rest) store by ``place`` (``None``: nothing), each phase its own
@@ -183,7 +186,7 @@ def forward_while(
                 ok = (
                     go(s[0], s[1])
                     if start is None
-                    else lax.cond(s[0] >= start, go, lambda *_: jnp.bool_(False), s[0], s[1])
+                    else lax.cond(s[0] >= start, go, stopped, s[0], s[1])
                 )
                 return ok if stop is None else ok & (s[0] < stop)
 

@@ -152,7 +152,8 @@ def flat(groups) -> list:
 
 
 def timed(aval, n):
-    return core.ShapedArray((n,) + tuple(aval.shape), aval.dtype)
+    """``n`` rows of ``aval``: same dtype, sharding and varying manual axes."""
+    return core.unmapped_leading_aval(n, aval)
 
 
 def n_float(avals) -> int:

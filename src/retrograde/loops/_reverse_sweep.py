@@ -26,7 +26,7 @@ from ._body import Body, is_float
 from ._forward_sweep import forward
 from ._offload import Offload, Segments, tags_of
 from ._placement import online_phases, place_thinned
-from ._slots import any_over, load, put_row, row, store, zeros_after
+from ._slots import any_over, load, put_row, row, store, zeros, zeros_after
 from ._sources import BinomialSource, MacroActionSource, source_for
 from ._tables import Tables
 from ._xla_cpu import once, once_returning
@@ -89,8 +89,7 @@ class StepRunner:
         ybar_of = iter(ys_bar)
         self.ybar_full = [next(ybar_of) if m else None for m in ymask]
         self.filler = [
-            None if keep_ else jnp.zeros(a.shape, a.dtype)
-            for a, keep_ in zip(body.carry_avals, body.stored)
+            None if keep_ else zeros([a])[0] for a, keep_ in zip(body.carry_avals, body.stored)
         ]
 
     def full(self, cur):
@@ -110,9 +109,7 @@ class StepRunner:
         x = row(self.xs, i)
         full = self.full(cur)
         ybar_i = [
-            lax.dynamic_index_in_dim(yb, i, 0, keepdims=False)
-            if yb is not None
-            else jnp.zeros(a.shape, a.dtype)
+            lax.dynamic_index_in_dim(yb, i, 0, keepdims=False) if yb is not None else zeros([a])[0]
             for yb, a in zip(self.ybar_full, self.y_avals_f)
         ]
 

@@ -27,7 +27,6 @@ from ._carry import (
     convert,
     leaf_array,
     leaf_paths,
-    sds,
     step_cache,
     trace_carry,
     with_weak_types,
@@ -141,7 +140,7 @@ def _scan(f, init, xs, length, reverse, unroll, schedule, names: Names):
 
     init_flat, init_tree = tree_util.tree_flatten(init)
     init_flat = [leaf_array(c, where, names.init) for c in init_flat]
-    x_avals = [aval_of(x).update(shape=x.shape[1:]) for x in xs_flat]
+    x_avals = [core.mapped_leading_aval(x.shape[0], aval_of(x)) for x in xs_flat]
     key = (init_tree, tuple(map(aval_of, init_flat)), xs_tree, tuple(x_avals))
     step = step_cache.get(
         [f],
@@ -220,7 +219,7 @@ def _trace_scan(f, init_tree, init_flat: list, xs_tree, x_avals: list, names: Na
             trees.append((new_tree, y_tree, pair))
             return [*new_flat, *y_flat]
 
-        closed = jax.make_jaxpr(flat_step)(*map(sds, avals), *map(sds, x_avals))
+        closed = jax.make_jaxpr(flat_step)(*avals, *x_avals)
         return (closed, *trees[-1]), closed.out_avals[:nk]
 
     def check(avals, out):

@@ -12,6 +12,7 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
+from .._jax_private import config, core
 from ._offload import Offload
 
 i32 = jnp.int32
@@ -61,15 +62,43 @@ def put_row_if(pred, buffers, values, k):
     )
 
 
+def vary_over(x, axes):
+    """``x`` made to vary over the manual mesh axes ``axes`` too (inside ``jax.shard_map``;
+    elsewhere, or with ``check_vma=False``, ``axes`` is empty and ``x`` is returned). A loop
+    carry built here (a slot buffer, a zero cotangent) must have its leaf's type, as
+    ``jax.lax``'s loops check."""
+    more = tuple(sorted(frozenset(axes) - core.typeof(x).mat.varying, key=str))
+    return lax.pcast(x, more, to="varying") if more else x
+
+
+def varying_axes(t) -> frozenset:
+    """The manual mesh axes an abstract value or ``jax.ShapeDtypeStruct`` varies over."""
+    mat = t.mat if isinstance(t, core.ShapedArray) else t.manual_axis_type
+    return frozenset() if mat is None else mat.varying
+
+
+def vary_as(x, aval):
+    """``x`` made to vary over the manual mesh axes ``aval`` (an abstract value or a
+    ``jax.ShapeDtypeStruct``) varies over."""
+    return vary_over(x, varying_axes(aval))
+
+
 def zeros(avals, lead=()):
-    return [jnp.zeros(lead + tuple(a.shape), a.dtype) for a in avals]
+    """Zeros of ``lead + shape`` for each abstract value, varying as it does."""
+    return [vary_as(jnp.zeros(lead + tuple(a.shape), a.dtype), a) for a in avals]
 
 
 def any_over(pred, axes):
-    """``pred`` or-ed over the batch axes ``axes`` (vmap axis names): one unbatched bool."""
+    """``pred`` or-ed over the batch axes ``axes`` (vmap axis names): one unbatched bool.
+
+    Bound without JAX's varying-axes check: ``axes`` are ``vmap`` axes, which that check would
+    look up among the mesh axes inside ``jax.shard_map``; the result gets ``pred``'s varying
+    mesh axes back."""
     if not axes:
         return pred
-    return lax.psum(pred.astype(i32), axes) > 0
+    with config._check_vma(False):
+        out = lax.psum(pred.astype(i32), axes) > 0
+    return vary_as(out, core.typeof(pred))
 
 
 def zeros_after(avals, lead, deps):
@@ -77,10 +106,22 @@ def zeros_after(avals, lead, deps):
     :func:`._reverse_sweep.confined`).
 
     The zeros are tied to one element of every dependency: a single one may be a constant (a
-    symbolic zero cotangent made concrete), which XLA folds.
+    symbolic zero cotangent made concrete), which XLA folds. Inside ``jax.shard_map`` a leaf
+    is tied only to dependencies that vary over no axis it does not vary over (its type must
+    not change); a leaf with none left is plain zeros.
     """
     leaves = [d for d in deps if d.size]
-    if not leaves:
-        return zeros(avals, lead)
-    dep: Any = sum(jnp.real(d.ravel()[0]).astype(jnp.float32) for d in leaves) * 0  # an array
-    return [jnp.broadcast_to(dep.astype(a.dtype), lead + tuple(a.shape)) for a in avals]
+    dep_for: dict = {}  # the varying axes of a leaf -> the zero tied to its dependencies
+    out = []
+    for a in avals:
+        if a.mat.varying not in dep_for:
+            tied = [d for d in leaves if core.typeof(d).mat.varying <= a.mat.varying]
+            dep_for[a.mat.varying] = (
+                sum(jnp.real(d.ravel()[0]).astype(jnp.float32) for d in tied) * 0 if tied else None
+            )
+        dep: Any = dep_for[a.mat.varying]  # an array, or None
+        if dep is None:
+            out.extend(zeros([a], lead))
+        else:
+            out.append(vary_as(jnp.broadcast_to(dep.astype(a.dtype), lead + tuple(a.shape)), a))
+    return out

@@ -39,7 +39,6 @@ from ._carry import (
     convert,
     leaf_array,
     leaf_paths,
-    sds,
     step_cache,
     trace_carry,
     with_weak_types,
@@ -311,7 +310,7 @@ def _trace_while(cond_fun, body_fun, fast_fun, tree, flat: list, stored, names: 
         return [ok]
 
     def trace(avals):
-        args = [sds(a) for a in avals]
+        args = list(avals)
         trees: list[Any] = []
         cond_closed = jax.make_jaxpr(flat_cond)(*args)
         body_closed = jax.make_jaxpr(flat_step(body_fun, names, trees))(*args)
@@ -337,8 +336,8 @@ def _trace_while(cond_fun, body_fun, fast_fun, tree, flat: list, stored, names: 
         fast_where, consts_b = _merge_consts(consts_b, consts_f)
     consts = [*consts_b, *consts_c]
     nb = len(consts_b)
-    const_sds = [jax.ShapeDtypeStruct(core.typeof(c).shape, core.typeof(c).dtype) for c in consts]
-    carry_sds = [sds(a) for a in avals]
+    const_sds = [core.typeof(c) for c in consts]
+    carry_sds = list(avals)
     fb, fc = jaxpr_as_fun(body0.jaxpr), jaxpr_as_fun(cond0.jaxpr)
     nb0 = len(body0.const_avals)
 

@@ -1,0 +1,136 @@
+"""The loops inside ``jax.shard_map`` with JAX's default ``check_vma=True``: the primitives keep
+the varying manual axes (``vma``) of every value through all their rules, so a step with
+``psum``, ``pmean``, ``ppermute`` and ``all_gather`` gives the values and derivatives of
+``jax.lax``'s loops (float64, 4 of the 8 host devices ``conftest.py`` forces)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import retrograde
+from retrograde.schedules import Online, Revolve
+
+from . import _problems as PB
+
+DEVICES = 4
+L = 3  # carry elements per device
+N = 9
+
+pytestmark = pytest.mark.skipif(jax.device_count() < DEVICES, reason="needs 4 host devices")
+
+MESH = Mesh(np.array(jax.devices()[:DEVICES]), ("x",))
+RING = [(i, (i + 1) % DEVICES) for i in range(DEVICES)]
+
+
+def _step(theta):
+    """A step with a global reduction, a mean, a halo exchange and a gather."""
+
+    def step(u):
+        s = lax.psum(jnp.sum(u * u), "x")
+        m = lax.pmean(u, "x")
+        left = lax.ppermute(u, "x", RING)
+        every = jnp.sum(jnp.tanh(lax.all_gather(u, "x")), 0)
+        return u + 0.05 * jnp.sin(theta * u) + 0.02 * (jnp.tanh(s) * u + m + left + 0.1 * every)
+
+    return step
+
+
+def _run(loop, step, u0, schedule):
+    """``N`` steps of ``step`` from ``u0`` by ``loop`` (``"scan"``, ``"fori"``, ``"while"``),
+    with ``retrograde``'s loop under ``schedule`` or, when it is ``"lax"``, ``jax.lax``'s."""
+    ref = schedule == "lax"
+    if loop == "scan":
+        scan = lax.scan if ref else PB.rscan(schedule)
+        return scan(lambda u, _: (step(u), None), u0, None, length=N)[0]
+    if loop == "fori":
+        if ref:
+            return lax.fori_loop(0, N, lambda i, u: step(u), u0)
+        return retrograde.fori_loop(0, N, lambda i, u: step(u), u0, schedule=schedule)
+    # a while loop whose predicate reads a global reduction and the device's index
+    body = lambda c: (c[0] + 1, step(c[1]))
+    if ref:
+        return lax.fori_loop(0, N, lambda i, c: body(c), (0, u0))[1]
+
+    def cond(c):
+        big = lax.psum(jnp.sum(c[1] ** 2), "x") < 1e6
+        return (c[0] < N + 0 * lax.axis_index("x")) & big
+
+    return retrograde.while_loop(cond, body, (0, u0), schedule=schedule)[1]
+
+
+def _loss_fn(loop, schedule, jit=True):
+    def loss(theta, u0):
+        u = _run(loop, _step(theta), u0, schedule)
+        return lax.psum(jnp.sum(u**2 * (1.0 + lax.axis_index("x"))), "x")
+
+    f = jax.shard_map(loss, mesh=MESH, in_specs=(P(), P("x")), out_specs=P())
+    return jax.jit(f) if jit else f
+
+
+THETA = 0.7
+U0 = jnp.linspace(0.1, 1.0, DEVICES * L)
+DU = jnp.cos(3.0 * U0)
+
+MODES = {
+    "forward": lambda f: f(THETA, U0),
+    "grad": lambda f: jax.grad(f, (0, 1))(THETA, U0),
+    "jvp": lambda f: jax.jvp(f, (THETA, U0), (0.3, DU)),
+    "hvp": lambda f: jax.jvp(jax.grad(f, 1), (THETA, U0), (0.3, DU))[1],
+    "grad_of_grad": lambda f: jax.grad(lambda t: jax.grad(f, 0)(t, U0))(THETA),
+}
+SCHEDULES = {"scan": Revolve(3), "fori": Revolve(4), "while": Online(3)}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("loop", list(SCHEDULES))
+def test_collectives_every_derivative(loop, mode):
+    got = MODES[mode](_loss_fn(loop, SCHEDULES[loop]))
+    ref = MODES[mode](_loss_fn(loop, "lax"))
+    PB.assert_close(got, ref, 1e-12, f"{loop} {mode}")
+
+
+def test_default_schedule_and_eager_shard_map():
+    """``schedule=None`` and a ``shard_map`` that is not inside ``jit``."""
+    got = jax.grad(_loss_fn("scan", None, jit=False), (0, 1))(THETA, U0)
+    ref = jax.grad(_loss_fn("scan", "lax", jit=False), (0, 1))(THETA, U0)
+    PB.assert_close(got, ref, 1e-12, "default schedule, eager shard_map")
+
+
+@pytest.mark.parametrize("loop", ["scan", "while"])
+def test_vmap_inside_shard_map(loop):
+    """A batch of initial states mapped inside the ``shard_map`` body."""
+
+    def make(schedule):
+        def loss(theta, u0s):
+            us = jax.vmap(lambda u0: _run(loop, _step(theta), u0, schedule))(u0s)
+            return lax.psum(jnp.sum(jnp.sin(us)), "x")
+
+        f = jax.shard_map(loss, mesh=MESH, in_specs=(P(), P(None, "x")), out_specs=P())
+        return jax.jit(jax.grad(f, (0, 1)))
+
+    u0s = jnp.stack([U0, 0.5 * U0 + 0.1])
+    PB.assert_close(
+        make(SCHEDULES[loop])(THETA, u0s), make("lax")(THETA, u0s), 1e-12, f"{loop} vmap"
+    )
+
+
+def test_carry_that_becomes_varying_is_a_type_error_naming_the_axes():
+    """A replicated carry that the step makes vary over ``x``: the error ``jax.lax.scan``
+    gives (a ``TypeError``), with the leaf, the axes and the fix."""
+
+    def loss(theta, u0):
+        step = lambda c, _: ((c[0] + lax.ppermute(c[1], "x", RING)[0], c[1]), None)
+        c, _ = retrograde.scan(step, (theta * 1.0, u0), None, length=3, schedule=Revolve(2))
+        return lax.psum(c[0], "x")
+
+    f = jax.shard_map(loss, mesh=MESH, in_specs=(P(), P("x")), out_specs=P())
+    with pytest.raises(TypeError, match=r"varying over mesh axes \('x',\)") as info:
+        jax.jit(f)(THETA, U0)
+    msg = str(info.value)
+    assert "c[0]" in msg and "pcast" in msg and "varying mesh axes differ" in msg, msg
