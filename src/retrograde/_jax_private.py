@@ -8,7 +8,8 @@ upgrade is checked against this list. Each name is re-exported as JAX spells it.
 
 - ``core``: abstract values, jaxprs, ``Var``/``Literal``, effects on jaxprs, ``typeof``.
 - ``dispatch``: ``apply_primitive`` for the primitives' eager implementations.
-- ``effects``: the ordered-effect registry (the host callbacks of offloaded snapshots).
+- ``effects``: the ordered-effect registries, ``ordered_effects`` and ``shardable_ordered_effects``
+  (the host callbacks of offloaded snapshots, allowed in programs over several devices).
 - ``config``: reading ``jax_enable_x64`` and the promotion settings as JAX does.
 - ``callback``: ``io_callback``'s primitive, for ordered host callbacks inside compiled loops.
 - ``ad``, ``batching``, ``mlir``, ``pe``: the rule registries and helpers of the interpreters.

@@ -31,6 +31,13 @@ on every read. Both share a leaf that did not change since the last snapshot sto
 rewritten reads as empty until the write completes. A read names the step it expects: a slot
 holding another step is an error, never a silent substitute.
 
+Sharded states: a callback's placement is JAX's (``callback._callback_op_sharding``). In a program
+that ``jax.jit`` partitions (shardings, no manual axes) it runs once, on device 0, with the global
+value: each ``put_p`` gathers the state onto device 0 (and so into process 0 across processes) and
+each ``get_p`` scatters it back; the store is process 0's. Inside ``shard_map`` (every mesh axis
+manual) it runs on every device with its own piece: ``open_p`` returns each device its own
+handle, so every device has its own store and moves only its piece.
+
 Lifetime: a store is released by the reverse sweep that reads it, when it ends; a store that no
 reverse sweep reads is released when the forward sweep's handle is garbage collected (eager
 execution), and a compiled program whose snapshots nothing reads does not lay them (the dead-code
@@ -85,6 +92,10 @@ EFFECT = OffloadEffect()
 effects.lowerable_effects.add_type(OffloadEffect)
 effects.control_flow_allowed_effects.add_type(OffloadEffect)
 effects.ordered_effects.add_type(OffloadEffect)
+# Allowed in a program partitioned over several devices (as io_callback's ordered effect is):
+# under jax.jit each transfer then runs once, on device 0, with the global state; inside
+# shard_map, on every device with its own piece (see "Sharded states" in the module docstring).
+effects.shardable_ordered_effects.add_type(OffloadEffect)
 
 #: Count device-slot stores and restores too (a trace-time switch; tests set it).
 count_device = False
