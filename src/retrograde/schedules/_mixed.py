@@ -136,18 +136,21 @@ class _Table:
 
     def __init__(self, leaves: tuple[int, ...]):
         self.leaves = leaves
-        self.n_max = -1
+        self.n_max = 0
         self.advances = np.zeros((len(leaves), 1), dtype=np.int64)
         self.splits = np.zeros((len(leaves), 1), dtype=np.int64)
 
     def grow(self, n_max: int) -> None:
-        if n_max <= self.n_max:
+        """Extend the table to every ``n <= n_max`` (only the new columns are computed)."""
+        done = self.n_max
+        if n_max <= done:
             return
         levels = len(self.leaves)
         infinite = np.int64(1) << 40
         advances = np.full((levels, n_max + 1), infinite, dtype=np.int64)
         splits = np.zeros((levels, n_max + 1), dtype=np.int64)
-        advances[:, 0] = 0
+        advances[:, : done + 1] = self.advances
+        splits[:, : done + 1] = self.splits
         for k in range(levels - 1, -1, -1):
             leaf = min(self.leaves[k], n_max)
             advances[k, 1 : leaf + 1] = 0
@@ -155,7 +158,7 @@ class _Table:
                 continue
             left = np.arange(n_max + 1, dtype=np.int64) + advances[k]  # j + A(j, k), as filled
             right = advances[k + 1]
-            for n in range(leaf + 1, n_max + 1):
+            for n in range(max(leaf, done) + 1, n_max + 1):
                 cost = left[1:n] + right[n - 1 : 0 : -1]  # j = 1 .. n - 1
                 last = int(np.argmin(cost[::-1]))  # the largest optimal j is n - 1 - last
                 advances[k, n] = cost[n - 2 - last]
