@@ -40,8 +40,8 @@ def main(n_steps: int = 1000) -> None:
         (Mixed(40, 2.0), 3000),
         (Mixed(40, 1.5), 10_000),
     ]:
-        evaluations, plan = _timed(lambda: schedule.evaluations(steps))  # noqa: B023
-        count, stream = _timed(lambda: sum(1 for _ in schedule.actions(steps)))  # noqa: B023
+        evaluations, plan = _timed(lambda: schedule.evaluations(steps))
+        count, stream = _timed(lambda: sum(1 for _ in schedule.actions(steps)))
         print(
             f"| {schedule!r} | {steps:,} | {evaluations:,} | {plan:.3f} | {stream:.3f} | "
             f"{count:,} |"
@@ -61,6 +61,7 @@ def main(n_steps: int = 1000) -> None:
         f"linearized {stats.linearized}, recorded {stats.recorded}; {stats.reversed} steps "
         f"reversed from data) against Revolve {revolve_optimum(1000, 20) + 1000}."
     )
+
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

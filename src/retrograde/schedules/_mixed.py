@@ -6,7 +6,8 @@ Comput. Sci. 82, 102405 (2024). A slot may hold the data one step's adjoint need
 forward evaluation. With ``u_0`` at hand and a budget of ``s`` states, the fewest forward
 evaluations (plain, linearized and recorded) that reverse ``n`` steps obey
 
-    M(1, s) = 1,  M(n, s) = min(1 + M(n - 1, s - d),  min_{1 <= i < n} i + M(i, s) + M(n - i, s - 1))
+    M(1, s) = 1,
+    M(n, s) = min(1 + M(n - 1, s - d),  min_{1 <= i < n} i + M(i, s) + M(n - i, s - 1))
 
 (the first: linearize step 0 into a slot of ``d`` states; the second: store ``u_0``, advance
 ``i`` steps, reverse the rest with one slot fewer, restore ``u_0``, free its slot and reverse
