@@ -400,6 +400,19 @@ def test_plot_schedule_api(tmp_path):
     assert "N = 40" in title and "slots = 4" in title and f"plain {stats.plain}" in title
 
 
+def test_plot_mixed_draws_linearize_and_reverse(tmp_path):
+    fig, stats = plot_schedule(Mixed(4), 40, tmp_path / "mixed.png")
+    assert stats == simulate(Mixed(4), 40)
+    ax = fig.axes[0]
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert f"linearized evaluation, data kept ({stats.linearized})" in labels
+    assert f"reversed from data ({stats.reversed})" in labels
+    assert f"linearized {stats.linearized}" in ax.get_title()
+    assert "reverse from data" in ax.get_xlabel()
+    _fig, stats = plot_schedule(Revolve(4), 40, None)
+    assert not any("data" in t.get_text() for t in _fig.axes[0].get_legend().get_texts())
+
+
 def test_plot_large_n_uses_segments(tmp_path):
     # Long schedules draw fast because the advances are one LineCollection.
     fig, _stats = plot_schedule(Revolve(10), 2500, tmp_path / "big.png")
