@@ -11,12 +11,13 @@ evaluations (plain, linearized and recorded) that reverse ``n`` steps obey
 
 (the first: linearize step 0 into a slot of ``d`` states; the second: store ``u_0``, advance
 ``i`` steps, reverse the rest with one slot fewer, restore ``u_0``, free its slot and reverse
-the first ``i``). Every optimum is a *tree*: a segment with ``u_start`` at hand and ``k`` states
+the first ``i``). The schedule is a *tree*: a segment with ``u_start`` at hand and ``k`` states
 held above it (its *level*) is either a **leaf**, reversed from data (linearize all its steps
 but the last, record the last, reverse the others from their data), or **split** by storing
 ``u_start``. A leaf at level ``k`` has at most ``leaf_size(k) = floor((s - k) / d) + 1``
-steps. ``docs/mixed.md`` proves the closed form and the split rule for ``d = 1`` (and that the
-tree loses nothing); for other ``d`` a dynamic program over the tree gives the optimum.
+steps. ``docs/mixed.md`` proves, for ``d = 1``, that the best tree attains ``M`` and gives it
+and its split in closed form; for other ``d`` a dynamic program finds the best tree, which
+attains ``M`` in every case the tests check (not proven).
 
 The one home of the mixed recurrences: :func:`mixed_optimum` and :func:`mixed_split` (closed
 forms, ``d = 1``), :class:`Mixed` (any data size).
@@ -43,7 +44,7 @@ from ._actions import (
     Reverse,
     Store,
 )
-from ._base import Level, OfflineSchedule, check_steps, exact_size
+from ._base import Level, OfflineSchedule, check_snapshots, check_steps, exact_size
 from ._optimum import beta, optimum, repetition
 from ._revolve import largest_split
 
@@ -81,20 +82,21 @@ def _band(n: int, s: int) -> tuple[int, int, int]:
 def mixed_optimum(n_steps: int, snapshots: int) -> int:
     """The fewest forward evaluations (plain, linearized and recorded) that reverse ``n_steps``
     steps with ``snapshots`` slots, each holding a state or one step's data of the same size
-    (``d = 1``; the slot of ``u_0`` counts). With ``r`` such that ``beta(s, r - 1) < n <=
-    beta(s, r)``,
+    (``d = 1``; the slot of ``u_0`` counts). ``M(n, s) = n`` for ``n <= s + 1``; beyond, with
+    ``r`` such that ``beta(s, r - 1) < n <= beta(s, r)``,
 
         M(n, s) = r n - C(s + r - 1, s + 1) - C(s + r - 2, s - 1) + k(n, s)
 
-    for ``n > s + 1`` (``n`` below), where ``k`` is the number of leaves opened in band ``r``
-    (:func:`mixed_split`); at the band ends ``n = C(s + r, s)`` it is ``r n - C(s + r - 1,
-    s + 1)``. ``O(s + r)``; proof in ``docs/mixed.md``.
+    where ``k`` is the fewest leaves of band ``r`` opened to hold ``n - beta(s, r - 1)`` steps
+    (``C(a + r - 2, a)`` of them hold ``s - a`` each, ``a = 0 .. s - 1``; taken largest first);
+    at the band ends ``n = C(s + r, s)`` it is ``r n - C(s + r - 1, s + 1)``. ``O(s + r)``;
+    proof in ``docs/mixed.md``.
 
     Example:
         >>> mixed_optimum(1000, 10), mixed_optimum(1000, 40), mixed_optimum(10_000, 10)
         (3921, 2142, 60960)
     """
-    n, s = check_steps(n_steps), _check_budget(snapshots, "mixed_optimum(snapshots=...)")
+    n, s = check_steps(n_steps), check_snapshots(snapshots, "mixed_optimum(snapshots=...)")
     if n <= s + 1:
         return n
     r, opened, _ = _band(n, s)
@@ -115,17 +117,11 @@ def mixed_split(n_steps: int, snapshots: int) -> int:
         >>> mixed_split(5, 4), mixed_split(6, 4), mixed_split(1000, 10)
         (0, 2, 286)
     """
-    n, s = check_steps(n_steps), _check_budget(snapshots, "mixed_split(snapshots=...)")
+    n, s = check_steps(n_steps), check_snapshots(snapshots, "mixed_split(snapshots=...)")
     if n <= s + 1:
         return 0
     r, _, held_left = _band(n, s)
     return beta(s, r - 2) + held_left
-
-
-def _check_budget(snapshots: int, name: str) -> int:
-    if isinstance(snapshots, bool) or not isinstance(snapshots, int) or snapshots < 1:
-        raise ValueError(f"{name} must be an int >= 1 (the slot of u_0 counts), got {snapshots!r}.")
-    return snapshots
 
 
 class _Table:
@@ -133,7 +129,7 @@ class _Table:
     programming: ``A(n, k)`` (advances reversing ``n`` steps at level ``k``) is ``0`` for ``n <=
     c_k`` and ``min_j j + A(j, k) + A(n - j, k + 1)`` otherwise (levels ``k < S``), with the
     largest optimal ``j``. ``O(N^2 S)`` operations (NumPy rows) and ``O(N S)`` memory for all
-    ``n <= N``; recomputed when a longer ``N`` is asked for."""
+    ``n <= N``, extended by the new columns when a longer ``N`` is asked for."""
 
     def __init__(self, leaves: tuple[int, ...]):
         self.leaves = leaves
@@ -186,8 +182,9 @@ class Mixed(OfflineSchedule):
     :meth:`split` says (``Store`` ``u_start`` in slot ``k``, ``Advance``, the right part at
     level ``k + 1``, ``Restore``, the left part at level ``k``, whose leaf ``Free`` s the slot).
     Its forward evaluations are the optimum ``M(N, s)`` of the mixed recurrence
-    (:meth:`evaluations`; never more than Revolve's ``t(N, s) + N``, and equal to it when
-    ``data_size > snapshots``). State slots are ``0 .. state_slots - 1`` (slot ``k`` holds the
+    (:meth:`evaluations`; proven for ``data_size = 1``, checked against the recurrence for other
+    sizes; never more than Revolve's ``t(N, s) + N``, and equal to it when ``data_size >
+    snapshots``). State slots are ``0 .. state_slots - 1`` (slot ``k`` holds the
     state stored at level ``k``), data slots ``state_slots .. state_slots + data_slots - 1``;
     at any time ``states + data_size * data <= snapshots`` (the simulator checks it).
 
