@@ -19,7 +19,7 @@ from retrograde.planner import (
     plan,
     plot_schedule,
 )
-from retrograde.schedules import Periodic, Revolve, ScheduleError, StoreAll, simulate
+from retrograde.schedules import Mixed, Periodic, Revolve, ScheduleError, StoreAll, simulate
 
 # ---------------------------------------------------------------------------------------------
 # Sizes
@@ -197,6 +197,36 @@ def test_format_table_marks_the_recommendation():
     assert not lines[3].startswith("*")
 
 
+def test_plan_with_a_data_size():
+    rows = plan(1000, snapshots=20, data_size=1)
+    best = rows[0]
+    assert best.schedule == Mixed(20, 1) and best.recommended
+    assert (best.plain, best.linearized, best.recorded, best.evaluations) == (1823, 924, 76, 2823)
+    assert best.cost == 2823 and best.memory_slots == 20
+    assert [r.name for r in rows][1] == "Revolve(20)"
+    # Data larger than the budget: Mixed is Revolve, and ties go to the listed order.
+    mixed = next(r for r in plan(1000, snapshots=10, data_size=11) if r.name.startswith("Mixed"))
+    assert (mixed.evaluations, mixed.linearized) == (4636, 0)
+
+
+def test_plan_with_a_data_size_in_bytes():
+    rows = plan(10_000, memory="200MiB", state_size="10MiB", data_size="25MiB")
+    mixed = next(r for r in rows if r.name.startswith("Mixed"))
+    assert mixed.name == "Mixed(20, data 2.5)"
+    assert mixed.schedule == Mixed.from_bytes(200 * 2**20, 10 * 2**20, 25 * 2**20)
+    assert mixed.evaluations == mixed.schedule.evaluations(10_000) < 47_976  # Revolve(20)
+    assert mixed.memory_bytes is not None and mixed.memory_bytes <= 200 * 2**20
+    table = format_table(rows)
+    assert "linearized" in table.splitlines()[0]
+
+
+def test_plan_data_size_errors():
+    with pytest.raises(TypeError, match="data_size"):
+        plan(100, snapshots=5, data_size="1MiB")
+    with pytest.raises(ValueError, match="data_size"):
+        plan(100, snapshots=5, state_size="1MiB", data_size="0")
+
+
 def test_row_is_a_frozen_record():
     row = plan(10, snapshots=3)[0]
     assert isinstance(row, Row)
@@ -261,6 +291,19 @@ def test_cli_disk(capsys):
     assert "peak disk" in out
 
 
+def test_cli_data_size(tmp_path, capsys):
+    path = tmp_path / "mixed.png"
+    argv = ["plan", "-n", "60", "-s", "5", "--data-size", "1", "--plot", str(path)]
+    assert main([*argv, "--schedule", "mixed"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("*"))
+    assert "Mixed(5, data 1)" in line and "178" in line
+    assert "linearized" in out and "Drew Mixed(5, data 1)" in out and path.exists()
+    argv = ["plan", "-n", "1e3", "--memory", "100MiB", "--state-size", "10MiB"]
+    assert main([*argv, "--data-size", "5MiB"]) == 0
+    assert "Mixed(10, data 0.5)" in capsys.readouterr().out
+
+
 def test_cli_plot(tmp_path, capsys):
     path = tmp_path / "schedule.png"
     assert main(["plan", "--steps", "60", "--snapshots", "5", "--plot", str(path)]) == 0
@@ -308,6 +351,12 @@ BAD = [
         "--schedule",
     ),
     (["plan", "--steps", "1e8", "-s", "3", "--plot", "x.png"], "--plot"),
+    (["plan", "--steps", "100", "-s", "3", "--data-size", "big"], "--data-size"),
+    (["plan", "--steps", "100", "-s", "3", "--data-size", "-1"], "--data-size"),
+    (
+        ["plan", "-n", "100", "--memory", "9MiB", "--state-size", "1MiB", "--data-size", "x"],
+        "--data-size",
+    ),
     ([], "COMMAND"),
     (["frobnicate"], "invalid choice"),
 ]
@@ -349,6 +398,19 @@ def test_plot_schedule_api(tmp_path):
     assert stats.plain == simulate(Revolve(4), 40).plain
     title = fig.axes[0].get_title()
     assert "N = 40" in title and "slots = 4" in title and f"plain {stats.plain}" in title
+
+
+def test_plot_mixed_draws_linearize_and_reverse(tmp_path):
+    fig, stats = plot_schedule(Mixed(4), 40, tmp_path / "mixed.png")
+    assert stats == simulate(Mixed(4), 40)
+    ax = fig.axes[0]
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert f"linearized evaluation, data kept ({stats.linearized})" in labels
+    assert f"reversed from data ({stats.reversed})" in labels
+    assert f"linearized {stats.linearized}" in ax.get_title()
+    assert "reverse from data" in ax.get_xlabel()
+    _fig, stats = plot_schedule(Revolve(4), 40, None)
+    assert not any("data" in t.get_text() for t in _fig.axes[0].get_legend().get_texts())
 
 
 def test_plot_large_n_uses_segments(tmp_path):

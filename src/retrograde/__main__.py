@@ -27,7 +27,15 @@ from collections.abc import Sequence
 
 __all__ = ["main", "build_parser"]
 
-_SCHEDULE_CHOICES = ("storeall", "revolve", "periodic", "multilevel", "online", "recomputeall")
+_SCHEDULE_CHOICES = (
+    "storeall",
+    "revolve",
+    "periodic",
+    "multilevel",
+    "online",
+    "recomputeall",
+    "mixed",
+)
 
 
 def _steps(text: str) -> int:
@@ -119,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_size,
         metavar="SIZE",
         help="bytes of one stored state (the loop carry)",
+    )
+    p.add_argument(
+        "--data-size",
+        metavar="SIZE",
+        help="size of the data one step's adjoint needs (its residuals): bytes with "
+        "--state-size (e.g. 15MiB), else states (e.g. 1.5); adds a mixed-checkpointing row",
     )
     p.add_argument(
         "--disk",
@@ -306,6 +320,23 @@ def _plan(args: argparse.Namespace, plan_parser: argparse.ArgumentParser) -> int
         )
     if args.schedule is not None and args.plot is None:
         plan_parser.error("--schedule chooses the schedule to draw; give --plot FILE too")
+    data_size = args.data_size
+    if data_size is not None:
+        if args.state_size is not None:
+            try:
+                data_size = _size(data_size)
+            except argparse.ArgumentTypeError as err:
+                plan_parser.error(f"--data-size {args.data_size}: {err}")
+        else:
+            try:
+                data_size = float(data_size)
+            except ValueError:
+                plan_parser.error(
+                    f"--data-size {data_size}: without --state-size, give the size of one "
+                    "step's adjoint data in states (a number such as 1.5)"
+                )
+            if not (math.isfinite(data_size) and data_size > 0):
+                plan_parser.error(f"--data-size {args.data_size} must be a positive number")
 
     rows, notes = plan_with_notes(
         args.steps,
@@ -318,6 +349,7 @@ def _plan(args: argparse.Namespace, plan_parser: argparse.ArgumentParser) -> int
         host_memory=args.host_memory,
         host_write_cost=args.host_write_cost,
         host_read_cost=args.host_read_cost,
+        data_size=data_size,
     )
     n = args.steps
     chosen = None

@@ -10,6 +10,10 @@ exactly ``N`` of them. Storing every state costs ``N - 1`` plain plus ``N`` reco
 ``2N - 1`` in all, and the *overhead* of a schedule is its cost divided by that. A snapshot slot
 holds one state; the slot holding the initial state counts.
 
+Given the size of one step's adjoint data (``data_size``), the table also has a ``Mixed`` row
+(mixed checkpointing: slots may hold that data, and steps are then reversed from it with no
+forward evaluation); its *linearized* evaluations are forward evaluations that keep the data.
+
 Pure Python: no JAX is imported. Counts come from closed forms for ``StoreAll``, ``Revolve``,
 ``Periodic`` and ``RecomputeAll`` (instant for any ``N``) and from
 :func:`~retrograde.schedules.simulate` for the other schedules.
@@ -28,10 +32,12 @@ import math
 import os
 import re
 from collections.abc import Sequence
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from .schedules import (
     Level,
+    Mixed,
     MultiLevel,
     Online,
     Periodic,
@@ -63,6 +69,9 @@ __all__ = [
 MULTILEVEL_LIMIT = 200_000
 #: Largest ``N * s`` for which ``Online(s)`` is simulated for the table (about a second).
 ONLINE_LIMIT = 200_000
+#: Largest ``N`` for which ``Mixed`` is simulated for the table (under a second with data of
+#: one state; other data sizes also plan by a dynamic program, see ``Mixed``).
+MIXED_LIMIT = 200_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,16 +83,20 @@ class Row:
         schedule: the schedule itself (pass it to ``simulate`` or to a checkpointed loop).
         n_steps: the step count ``N`` planned for.
         plain: plain evaluations (first sweep and recomputations).
-        recorded: recorded evaluations (always ``N``).
+        recorded: recorded evaluations (``N``, less the steps a ``Mixed`` row reverses from
+            data).
         writes, reads: snapshot stores and restores on the disk level (``0`` without disk).
-        cost: ``plain + recorded + disk_writes * disk_write_cost + disk_reads * disk_read_cost``
-            in units of one step evaluation.
-        memory_slots, disk_slots: peak slots used in memory and on disk.
-        memory_bytes, disk_bytes: the same in bytes, or ``None`` when no state size was given.
+        cost: ``plain + linearized + recorded + disk_writes * disk_write_cost + disk_reads *
+            disk_read_cost`` in units of one step evaluation.
+        memory_slots, disk_slots: peak slots used in memory and on disk (for ``Mixed``, states
+            and step data together).
+        memory_bytes, disk_bytes: the same in bytes, or ``None`` when no state size was given
+            (for ``Mixed``, the peak of states and data weighed by their sizes).
         recommended: ``True`` for the cheapest row (the first one).
         host_slots, host_writes, host_reads, host_bytes: the same for a host-RAM level (rows
             planned with ``host_memory``; then ``disk_*`` count the disk level alone and
             ``memory_*`` the device level).
+        linearized: forward evaluations that keep a step's adjoint data (``Mixed`` rows).
 
     Example:
         >>> from retrograde.planner import plan
@@ -108,11 +121,12 @@ class Row:
     host_writes: int = 0
     host_reads: int = 0
     host_bytes: int | None = None
+    linearized: int = 0
 
     @property
     def evaluations(self) -> int:
-        """Plain plus recorded evaluations."""
-        return self.plain + self.recorded
+        """Plain, linearized and recorded evaluations."""
+        return self.plain + self.linearized + self.recorded
 
     @property
     def overhead(self) -> float:
@@ -290,6 +304,25 @@ def _budget(snapshots, memory, state_size, disk) -> tuple[int, int, int | None]:
     return slots, _level_slots(disk, "disk", size, state_size), size
 
 
+def _mixed(n: int, slots: int, memory, size: int | None, data_size) -> tuple[str, Mixed]:
+    """The ``Mixed`` schedule of the budget (``slots``, or ``memory`` bytes of states of ``size``
+    bytes) for one step's adjoint data of ``data_size`` (bytes with ``size``, else states)."""
+    if size is None:
+        if isinstance(data_size, bool) or not isinstance(data_size, (int, float)):
+            raise TypeError(
+                f"data_size={data_size!r}: without state_size=..., give the size of one step's "
+                "adjoint data in states (a number such as 1.5), or give state_size=... too."
+            )
+        schedule = Mixed(slots, data_size)
+    else:
+        data = parse_size(data_size, "data_size")
+        if memory is not None:
+            schedule = Mixed.from_bytes(parse_size(memory, "memory"), size, data)
+        else:
+            schedule = Mixed(slots, Fraction(data, size))
+    return f"Mixed({slots}, data {float(schedule.data_size):.3g})", schedule
+
+
 def _row_from_stats(name, schedule, stats, disk_write_cost, disk_read_cost) -> dict:
     writes = sum(stats.writes[1:])
     reads = sum(stats.reads[1:])
@@ -403,6 +436,7 @@ def plan(
     host_memory: str | int | None = None,
     host_write_cost: float = HOST_COST,
     host_read_cost: float = HOST_COST,
+    data_size: str | int | float | None = None,
 ) -> list[Row]:
     """The schedules that reverse ``n_steps`` steps within a budget, cheapest first.
 
@@ -423,6 +457,10 @@ def plan(
             ``disk``, a disk level (``storage="disk"``), ready for ``retrograde.scan``.
         host_write_cost, host_read_cost: the cost of moving one state to/from host RAM, in step
             evaluations (measure them with ``python -m retrograde calibrate``).
+        data_size: the size of the data one step's adjoint needs (in JAX, the residuals
+            ``jax.vjp`` keeps): in bytes (or a size such as ``"15MiB"``) when ``state_size`` is
+            given, else in states (a number such as ``1.5``). Adds a ``Mixed`` row: the same
+            memory budget, slots holding states or step data (``N <= MIXED_LIMIT``).
 
     Returns:
         A list of :class:`Row`, sorted by cost (ties: less memory first); ``rows[0]`` is the
@@ -442,6 +480,11 @@ def plan(
         >>> rows, notes = plan_with_notes(1000, snapshots=10)
         >>> rows[0].recommended
         True
+
+    Example, with one step's adjoint data as large as a state:
+        >>> best = plan(1000, snapshots=20, data_size=1)[0]
+        >>> best.name, best.plain, best.linearized, best.recorded, best.evaluations
+        ('Mixed(20, data 1)', 1823, 924, 76, 2823)
     """
     return plan_with_notes(
         n_steps,
@@ -454,6 +497,7 @@ def plan(
         host_memory=host_memory,
         host_write_cost=host_write_cost,
         host_read_cost=host_read_cost,
+        data_size=data_size,
     )[0]
 
 
@@ -469,6 +513,7 @@ def plan_with_notes(
     host_memory: str | int | None = None,
     host_write_cost: float = HOST_COST,
     host_read_cost: float = HOST_COST,
+    data_size: str | int | float | None = None,
 ) -> tuple[list[Row], list[str]]:
     """:func:`plan`, plus one line per schedule left out saying why."""
     n = check_steps(n_steps)
@@ -551,6 +596,24 @@ def plan_with_notes(
             notes.append(f"MultiLevel is planned only up to N = {MULTILEVEL_LIMIT:,} here.")
         else:
             rows.append(_offload_row(n, slots, host_slots, host, disk_slots, (w, r)))
+    # Mixed checkpointing, when the size of a step's adjoint data is known.
+    if data_size is not None:
+        mixed = _mixed(n, slots, memory, size, data_size)
+        if n > MIXED_LIMIT:
+            notes.append(f"{mixed[0]} is simulated only up to N = {MIXED_LIMIT:,} here.")
+        else:
+            name, schedule = mixed
+            try:
+                stats = simulate(schedule, n)
+            except ValueError as err:  # a dynamic program over its limit
+                notes.append(f"{name}: {err}")
+            else:
+                row = _row_from_stats(name, schedule, stats, w, r)
+                row["linearized"] = stats.linearized
+                row["cost"] += stats.linearized
+                if size is not None:
+                    row["memory_bytes"] = round(stats.peak_memory[0] * size)
+                rows.append(row)
     # Online (for loops whose step count is not known in advance), for comparison.
     if s > 1:
         if n * s > ONLINE_LIMIT:
@@ -585,7 +648,7 @@ def plan_with_notes(
     out = []
     for i, row in enumerate(rows):
         if size is not None:
-            row["memory_bytes"] = row["memory_slots"] * size
+            row.setdefault("memory_bytes", row["memory_slots"] * size)
             row["disk_bytes"] = row.get("disk_slots", 0) * size
             row["host_bytes"] = row.get("host_slots", 0) * size
         out.append(Row(n_steps=n, recommended=(i == 0), **row))
@@ -599,15 +662,17 @@ def _fmt_int(value: int) -> str:
 def format_table(rows: Sequence[Row], *, disk: bool | None = None) -> str:
     """Render rows as a plain-text table; the recommended row is marked with ``*``.
 
-    Columns: plain, recorded and total evaluations; with disk (or host), the cost including
+    Columns: plain (with a ``Mixed`` row, linearized), recorded and total evaluations; with disk
+    (or host), the cost including
     transfers; the overhead (cost over ``2N - 1``); peak memory slots (and bytes when the state
     size is known); with host, peak host slots and bytes; with disk, peak disk slots and bytes.
     """
     if disk is None:
         disk = any(row.disk_slots for row in rows)
     host = any(row.host_slots for row in rows)
+    mixed = any(row.linearized for row in rows)
     has_bytes = any(row.memory_bytes is not None for row in rows)
-    header = ["", "schedule", "plain", "recorded", "total"]
+    header = ["", "schedule", "plain"] + (["linearized"] if mixed else []) + ["recorded", "total"]
     if disk or host:
         header.append("cost")
     header += ["overhead", "slots"]
@@ -623,6 +688,7 @@ def format_table(rows: Sequence[Row], *, disk: bool | None = None) -> str:
             "*" if row.recommended else "",
             row.name,
             _fmt_int(row.plain),
+            *([_fmt_int(row.linearized)] if mixed else []),
             _fmt_int(row.recorded),
             _fmt_int(row.evaluations),
         ]

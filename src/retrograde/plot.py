@@ -3,8 +3,11 @@
 x is time, counted in step evaluations (plain and recorded alike); y is the step index. Plain
 evaluations are thin lines going up, recorded evaluations (step plus adjoint) a thick line going
 down from ``N`` to ``0``, every snapshot store a dot at the stored step, colored by storage
-level, and (for up to 2000 steps) every restore a dotted jump in that level's color. Drawing uses
-line collections, so even long schedules render in seconds.
+level, and (for up to 2000 steps) every restore a dotted jump in that level's color. Mixed
+schedules add two strokes: a ``Linearize`` (an evaluation that keeps the step's adjoint data) is
+a green line going up, a ``Reverse`` (the adjoint from that data, no evaluation) a purple line
+going down; each takes one unit of time, like a recorded step. Drawing uses line collections,
+so even long schedules render in seconds.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from typing import TYPE_CHECKING
 from .schedules import (
     Advance,
     Executor,
+    Linearize,
     OfflineSchedule,
     OnlineSchedule,
     Record,
     Restore,
+    Reverse,
     Schedule,
     Simulator,
     Stats,
@@ -36,6 +41,7 @@ __all__ = ["plot_schedule", "schedule_stream"]
 PLOT_LIMIT = 1_000_000
 
 _LEVEL_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown")
+_LINEARIZE, _REVERSE = "tab:green", "tab:purple"
 
 
 class _Picture(Executor):
@@ -49,6 +55,8 @@ class _Picture(Executor):
         self.stores: list[list[tuple[int, int]]] = [[] for _ in range(n_levels)]
         self.restores: list[tuple[tuple[int, int], tuple[int, int]]] = []
         self.restore_colors: list[str] = []
+        self.linearized: list[tuple[tuple[int, int], tuple[int, int]]] = []
+        self.reversed: list[tuple[tuple[int, int], tuple[int, int]]] = []
         self.clock = 0
         self.pen = 0
 
@@ -73,6 +81,18 @@ class _Picture(Executor):
 
     def store(self, action: Store) -> None:
         self.stores[action.level].append((self.clock, action.step))
+
+    def linearize(self, action: Linearize) -> None:
+        n, t = action.step, self.clock
+        self.linearized.append(((t, n), (t + 1, n + 1)))
+        self.clock += 1
+        self.pen = n + 1
+
+    def reverse(self, action: Reverse) -> None:
+        n, t = action.step, self.clock
+        self.reversed.append(((t, n + 1), (t + 1, n)))
+        self.clock += 1
+        self.pen = n
 
     def restore(self, action: Restore) -> None:
         if action.step != self.pen:
@@ -115,11 +135,14 @@ def plot_schedule(
     Cost: one pass over the schedule's actions, then drawing them.
 
     Example (``plot_schedule(Revolve(4), 40, "revolve.png")`` also saves the picture):
-        >>> from retrograde.schedules import Revolve
+        >>> from retrograde.schedules import Mixed, Revolve
         >>> from retrograde.plot import plot_schedule
         >>> fig, stats = plot_schedule(Revolve(4), 40)
         >>> stats.plain, stats.recorded, stats.peak_slots
         (104, 40, (4,))
+        >>> fig, stats = plot_schedule(Mixed(4), 40)
+        >>> stats.plain, stats.linearized, stats.recorded, stats.reversed
+        (81, 23, 17, 23)
     """
     if not isinstance(schedule, (OfflineSchedule, OnlineSchedule)):
         raise TypeError(f"schedule must be a Schedule such as Revolve(10), got {schedule!r}.")
@@ -142,7 +165,7 @@ def plot_schedule(
         ) from e
 
     levels = schedule.levels
-    sim, pic = Simulator(levels, n_steps), _Picture(len(levels))
+    sim, pic = Simulator.for_schedule(schedule, n_steps), _Picture(len(levels))
     for action in schedule_stream(schedule, n_steps):
         sim.execute(action)  # raises ScheduleError if the schedule is invalid
         pic.execute(action)
@@ -165,6 +188,14 @@ def plot_schedule(
         ax.add_collection(LineCollection(advances, colors="0.35", linewidths=thin, zorder=2))
     if rec_t:
         ax.plot(rec_t, rec_n, color="tab:red", linewidth=2.5, solid_capstyle="butt", zorder=3)
+    if pic.linearized:
+        ax.add_collection(
+            LineCollection(pic.linearized, colors=_LINEARIZE, linewidths=1.8 * thin, zorder=2.8)
+        )
+    if pic.reversed:
+        ax.add_collection(
+            LineCollection(pic.reversed, colors=_REVERSE, linewidths=2.5, zorder=3, capstyle="butt")
+        )
     # Stores: dots on top for small N; otherwise small dots under the recorded line.
     few = n_steps <= 300
     marker = max(2.5, min(6.0, 300.0 / max(n_steps, 1))) if few else 1.5
@@ -192,6 +223,23 @@ def plot_schedule(
             label=f"recorded evaluation ({stats.recorded:,})",
         ),
     ]
+    if stats.linearized or stats.reversed:
+        handles += [
+            Line2D(
+                [],
+                [],
+                color=_LINEARIZE,
+                linewidth=1.8,
+                label=f"linearized evaluation, data kept ({stats.linearized:,})",
+            ),
+            Line2D(
+                [],
+                [],
+                color=_REVERSE,
+                linewidth=2.5,
+                label=f"reversed from data ({stats.reversed:,})",
+            ),
+        ]
     for k, level in enumerate(levels):
         name = level.name or f"level {k}"
         handles.append(
@@ -207,7 +255,11 @@ def plot_schedule(
     ax.legend(handles=handles, loc="upper right", fontsize=8, framealpha=0.9)
     ax.set_xlim(0, max(clock, 1))
     ax.set_ylim(0, max(n_steps, 1) * 1.02)
-    ax.set_xlabel("time (step evaluations)")
+    ax.set_xlabel(
+        "time (step evaluations; a reverse from data counts one)"
+        if stats.reversed
+        else "time (step evaluations)"
+    )
     ax.set_ylabel("step")
     ax.grid(True, color="0.93", zorder=0)
     slots = "+".join(f"{p:,}" for p in stats.peak_slots)
@@ -215,8 +267,9 @@ def plot_schedule(
         title
         or (
             f"{_label(schedule)}: N = {n_steps:,}, slots = {slots}\n"
-            f"plain {stats.plain:,} + recorded {stats.recorded:,} = "
-            f"{stats.evaluations:,} evaluations"
+            f"plain {stats.plain:,} + "
+            + (f"linearized {stats.linearized:,} + " if stats.linearized else "")
+            + f"recorded {stats.recorded:,} = {stats.evaluations:,} evaluations"
             + (
                 f", cost {stats.cost:,.6g} with transfers"
                 if stats.cost != stats.evaluations

@@ -28,9 +28,11 @@ from ._base import (
     Schedule,
     check_snapshots,
     check_steps,
+    exact_size,
     schedule_stream,
 )
 from ._default import default_schedule, default_snapshots
+from ._mixed import Mixed, mixed_optimum, mixed_split
 from ._multilevel import MultiLevel
 from ._online import (
     Online,
@@ -69,6 +71,7 @@ __all__ = [
     "Schedule",
     "check_steps",
     "check_snapshots",
+    "exact_size",
     "beta",
     "repetition_number",
     "revolve_optimum",
@@ -90,6 +93,9 @@ __all__ = [
     "thinning_slot",
     "thinning_spacing",
     "MultiLevel",
+    "Mixed",
+    "mixed_optimum",
+    "mixed_split",
     "default_schedule",
     "default_snapshots",
     "Simulator",

@@ -8,6 +8,7 @@ import math
 import operator
 import os
 from collections.abc import Callable, Iterator, Sequence
+from fractions import Fraction
 
 from ._actions import Action, Advance, Free, ScheduleError, Store
 
@@ -22,6 +23,7 @@ __all__ = [
     "OnlineRun",
     "check_steps",
     "check_snapshots",
+    "exact_size",
     "schedule_stream",
 ]
 
@@ -108,6 +110,26 @@ def check_steps(n_steps: int, name: str = "n_steps") -> int:
     return int(n_steps)
 
 
+def exact_size(value: int | float | Fraction, name: str) -> Fraction:
+    """``value`` (a positive finite size, in states) as an exact fraction: an int or a
+    ``Fraction`` as it is, a float as the decimal it prints as (``0.1`` is ``1/10``), so that
+    budgets and weights compare exactly; ``name`` is the argument named in the error.
+
+    Example:
+        >>> exact_size(0.1, "data_size") * 100 == 10
+        True
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, Fraction)):
+        raise TypeError(f"{name} must be a number, got {value!r}.")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{name}={value!r} must be finite.")
+        value = Fraction(repr(value))
+    if value <= 0:
+        raise ValueError(f"{name}={value!r} must be positive.")
+    return Fraction(value)
+
+
 def check_snapshots(snapshots: int, name: str = "snapshots") -> int:
     """Validate a snapshot count: an int >= 1 (the slot holding the initial state counts);
     ``name`` is the argument named in the error.
@@ -143,6 +165,13 @@ class Schedule(abc.ABC):  # noqa: B024 - abstract through OfflineSchedule and On
 
     #: True for schedules that work without knowing the step count in advance.
     online: bool = False
+    #: What a slot holding one step's adjoint data (written by ``Linearize``) weighs, in states:
+    #: the simulator's weighted memory counts a state slot as 1 and a data slot as this.
+    data_size: float | Fraction = 1.0
+    #: The most weighted memory (states, see :attr:`data_size`) the schedule holds on level 0
+    #: at once, when that bound is tighter than the level's slot count (``Mixed``); ``None``:
+    #: the slot counts are the bound. The simulator raises if a stream exceeds it.
+    memory_budget: Fraction | None = None
 
     @property
     def levels(self) -> tuple[Level, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Iterable
+from fractions import Fraction
 
 from ._actions import (
     Advance,
@@ -18,7 +19,15 @@ from ._actions import (
     ScheduleError,
     Store,
 )
-from ._base import Level, OfflineSchedule, OnlineSchedule, Schedule, check_steps, schedule_stream
+from ._base import (
+    Level,
+    OfflineSchedule,
+    OnlineSchedule,
+    Schedule,
+    check_steps,
+    exact_size,
+    schedule_stream,
+)
 
 __all__ = ["Stats", "ScheduleError", "Simulator", "simulate", "execute"]
 
@@ -37,6 +46,9 @@ class Stats:
         linearized: ``Linearize`` evaluations (a forward evaluation keeping the step's data).
         reversed: steps reversed from stored data (``Reverse``); ``recorded + reversed = N``.
         data_writes, data_reads: ``Linearize``/``Reverse`` counts per storage level.
+        peak_memory: the most weighted memory held at once, per level, in states: a state slot
+            weighs 1 and a data slot the simulator's ``data_size`` (so it equals
+            ``peak_slots`` for schedules that hold no data, or data of one state).
         cost: ``(plain + linearized) * forward_cost + recorded * adjoint_cost + sum(writes *
             write_cost + reads * read_cost)`` with unit forward and adjoint costs (the adjoint
             of a step reversed from data is paid by every schedule and not counted).
@@ -58,6 +70,7 @@ class Stats:
     reversed: int = 0
     data_writes: tuple[int, ...] = ()
     data_reads: tuple[int, ...] = ()
+    peak_memory: tuple[float, ...] = ()
 
     @property
     def evaluations(self) -> int:
@@ -93,6 +106,11 @@ class Simulator(Executor):
         levels: the storage levels (slot counts bound the slots).
         n_steps: ``N``; ``None`` while an online schedule's forward sweep runs, until
             :meth:`stopped` gives it.
+        data_size: what a slot holding a step's data weighs against a state slot (weight 1),
+            for the weighted memory (:attr:`Stats.peak_memory`).
+        memory_budget: the most weighted memory level 0 may hold at once (``None``: no bound but
+            the slot counts); an action that would exceed it raises. :meth:`for_schedule` takes
+            both from the schedule (:attr:`Schedule.data_size`, :attr:`Schedule.memory_budget`).
 
     Example:
         >>> from retrograde.schedules import Level, Revolve, Simulator
@@ -101,8 +119,22 @@ class Simulator(Executor):
         (45, None)
     """
 
-    def __init__(self, levels: tuple[Level, ...], n_steps: int | None):
+    def __init__(
+        self,
+        levels: tuple[Level, ...],
+        n_steps: int | None,
+        *,
+        data_size: float | Fraction = 1,
+        memory_budget: float | Fraction | None = None,
+    ):
         self.levels = tuple(levels)
+        self.data_size = exact_size(data_size, "Simulator(data_size=...)")
+        self.memory_budget = (
+            None
+            if memory_budget is None
+            else exact_size(memory_budget, "Simulator(memory_budget=...)")
+        )
+        self.peak_weight = [Fraction(0)] * len(self.levels)
         self.held: list[dict[int, int]] = [dict() for _ in self.levels]
         self.data: list[dict[int, int]] = [dict() for _ in self.levels]  # slot -> step of its data
         self.linearized = 0
@@ -119,6 +151,23 @@ class Simulator(Executor):
         self.peak = [0] * len(self.levels)
         if n_steps is not None:
             self.stopped(n_steps)
+
+    @classmethod
+    def for_schedule(cls, schedule: Schedule, n_steps: int | None) -> Simulator:
+        """A simulator for ``schedule``'s levels, data size and memory budget.
+
+        Example:
+            >>> from retrograde.schedules import Mixed, Simulator
+            >>> sim = Simulator.for_schedule(Mixed(3), 10)
+            >>> sim.data_size, sim.memory_budget
+            (Fraction(1, 1), Fraction(3, 1))
+        """
+        return cls(
+            schedule.levels,
+            n_steps,
+            data_size=schedule.data_size,
+            memory_budget=schedule.memory_budget,
+        )
 
     def stopped(self, n_steps: int) -> None:
         """Set the step count ``N`` (for an online schedule: once its loop has stopped)."""
@@ -140,6 +189,7 @@ class Simulator(Executor):
         other.held = [dict(h) for h in self.held]
         other.data = [dict(h) for h in self.data]
         other.writes, other.reads, other.peak = self.writes[:], self.reads[:], self.peak[:]
+        other.peak_weight = self.peak_weight[:]
         other.data_writes, other.data_reads = self.data_writes[:], self.data_reads[:]
         return other
 
@@ -189,7 +239,7 @@ class Simulator(Executor):
         self._take(action, level, slot)
         held[slot] = n
         self.writes[level] += 1
-        self._peak(level)
+        self._peak(level, action)
 
     def _take(self, action, level: int, slot: int) -> None:
         if slot in self.held[level]:
@@ -204,8 +254,18 @@ class Simulator(Executor):
         if slot < 0 or (cap is not None and slot >= cap):
             raise ScheduleError(f"{action}: level {level} has slots 0..{cap - 1}.")
 
-    def _peak(self, level: int) -> None:
-        self.peak[level] = max(self.peak[level], len(self.held[level]) + len(self.data[level]))
+    def _peak(self, level: int, action) -> None:
+        states, data = len(self.held[level]), len(self.data[level])
+        self.peak[level] = max(self.peak[level], states + data)
+        weight = states + self.data_size * data
+        if weight > self.peak_weight[level]:
+            if level == 0 and self.memory_budget is not None and weight > self.memory_budget:
+                raise ScheduleError(
+                    f"{action}: level 0 would hold {states} states and {data} step data of "
+                    f"{self.data_size} states each, {weight} states in all, over the memory "
+                    f"budget of {self.memory_budget}."
+                )
+            self.peak_weight[level] = weight
 
     def restore(self, action: Restore) -> None:
         n, slot, level = action
@@ -250,7 +310,7 @@ class Simulator(Executor):
         self._take(action, level, slot)
         self.data[level][slot] = n
         self.data_writes[level] += 1
-        self._peak(level)
+        self._peak(level, action)
         self.linearized += 1
         self.current = n + 1
 
@@ -285,11 +345,20 @@ class Simulator(Executor):
             reversed=self.reversed,
             data_writes=tuple(self.data_writes),
             data_reads=tuple(self.data_reads),
+            peak_memory=tuple(float(w) for w in self.peak_weight),
         )
 
 
-def execute(actions: Iterable, n_steps: int, levels: tuple[Level, ...]) -> Stats:
-    """Run an explicit action stream on the simulator (``u_0`` at hand at the start).
+def execute(
+    actions: Iterable,
+    n_steps: int,
+    levels: tuple[Level, ...],
+    *,
+    data_size: float | Fraction = 1,
+    memory_budget: float | Fraction | None = None,
+) -> Stats:
+    """Run an explicit action stream on the simulator (``u_0`` at hand at the start);
+    ``data_size`` and ``memory_budget`` as for :class:`Simulator`.
 
     Example:
         >>> from retrograde.schedules import Advance, End, Level, Record, Restore, Store, execute
@@ -297,7 +366,10 @@ def execute(actions: Iterable, n_steps: int, levels: tuple[Level, ...]) -> Stats
         >>> execute(acts, 2, (Level(1),)).plain
         1
     """
-    return Simulator(tuple(levels), check_steps(n_steps)).run(actions).stats()
+    sim = Simulator(
+        tuple(levels), check_steps(n_steps), data_size=data_size, memory_budget=memory_budget
+    )
+    return sim.run(actions).stats()
 
 
 def simulate(schedule: Schedule, n_steps: int) -> Stats:
@@ -320,4 +392,5 @@ def simulate(schedule: Schedule, n_steps: int) -> Stats:
             f"simulate(schedule=...) expects a Schedule such as Revolve(10), got {schedule!r}."
         )
     n_steps = check_steps(n_steps)
-    return execute(schedule_stream(schedule, n_steps), n_steps, schedule.levels)
+    sim = Simulator.for_schedule(schedule, n_steps)
+    return sim.run(schedule_stream(schedule, n_steps)).stats()
