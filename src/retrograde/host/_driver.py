@@ -285,17 +285,22 @@ class ForwardPass:
             state_bar: cotangent of the final state ``u_N`` (a pytree like the state), or
                 ``None`` for zero. It is copied, never modified.
             loss_bar: cotangent of the loss ``J``; default ``1.0`` when a loss was given.
-            keep: ``True`` keeps the first sweep's snapshots for further ``vjp`` calls (memory:
-                up to the schedule's slots twice over during this call). ``False`` frees each
-                of them as soon as the schedule frees it (memory: the schedule's slots); the
-                handle can then not ``vjp`` again.
+            keep: ``True`` keeps the first sweep's snapshots (and step data, with a mixed
+                schedule) for further ``vjp`` calls (memory: up to the schedule's slots twice
+                over during this call: those the first sweep holds, ``S_f |u| + sum_{n in D_f}
+                |d_n|``, kept, plus those of this reverse part; ``|u|`` a state's bytes, ``|d_n|``
+                step ``n``'s data, ``D_f`` the steps whose data the first sweep keeps). ``False``
+                frees each of them as soon as the schedule frees it (memory: the schedule's
+                slots); the handle can then not ``vjp`` again.
 
         Returns:
             :class:`Grads` ``(params, state0)``: ``d<state_bar, u_N> + loss_bar * dJ`` with respect
             to ``params`` and ``u_0``; new arrays, the caller's.
 
-        Cost: the reverse part of the schedule (its recomputations and ``N`` adjoint steps); the
-        first sweep is not repeated. Snapshots made here are freed before returning.
+        Cost: the reverse part of the schedule (its recomputations, its ``Linearize`` steps, and
+        ``N`` adjoint steps, by ``vjp`` or ``vjp_from``); the first sweep is not repeated, and its
+        step data are read again (copied), not recomputed. Snapshots and data made here are freed
+        before returning.
         """
         if self._closed:
             raise ValueError(
@@ -636,7 +641,7 @@ class _Sweep(Executor):
         self,
         fp: ForwardPass,
         slots: dict,
-        check: _Checker,
+        check: Simulator,
         temp: set | None = None,
         keep: bool = True,
     ):

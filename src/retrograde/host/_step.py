@@ -5,7 +5,8 @@ arrays. Two kinds are accepted wherever a step is expected:
 
 * a JAX-differentiable function ``step(n, state, params)``: its plain evaluation, VJP and JVP come
   from JAX, each compiled once with ``jax.jit`` (``n`` arrives as a traced integer scalar, so a new
-  step index never triggers a recompilation);
+  step index never triggers a recompilation); for mixed schedules, its data are the residuals of
+  ``jax.vjp`` (the leaves of the function it returns);
 * a :class:`Step` of hand-written functions, for NumPy or SciPy code.
 
 A *loss term* is :class:`Running` (summed over the states after every step) or :class:`Final`

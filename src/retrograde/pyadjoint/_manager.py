@@ -844,7 +844,8 @@ class _Sweep(Executor):
             runs = any(bv.adj_value is not None for bv in outputs) and (
                 not markings or any(bv.is_control_dependent for bv in block.get_dependencies())
             )
-            RUNNING.reads = seen = set()
+            seen: set = set()
+            RUNNING.reads = seen
             try:
                 block.evaluate_adj(markings=markings)
             finally:
