@@ -22,6 +22,8 @@ __all__ = [
     "derivatives",
     "finite_differences",
     "react",
+    "uniform_loop",
+    "poison",
 ]
 
 K = 5
@@ -95,6 +97,23 @@ def vec_loop(p, tape=None, n_steps=9, change_at=None):
             )
         J = J + inner(u, u, 0.5)
     return J
+
+
+def uniform_loop(p, tape, n_steps):
+    """Two counted blocks per step, and one more (the functional) in the last."""
+    u, v = Vec(np.linspace(0.2, 0.8, 5)), Vec(np.zeros(5))
+    for _ in tape.timestepper(iter(range(n_steps))):
+        matvec(v, A, u)
+        react(u, v, p)
+    return inner(u, u)
+
+
+def poison(tape):
+    """Every live ``Vec`` on ``tape`` filled with NaN: a read of a live object shows."""
+    for block in tape.get_blocks():
+        for bv in list(block.get_outputs()) + list(block.get_dependencies()):
+            if isinstance(bv.output, Vec):
+                bv.output.data[...] = np.nan
 
 
 class Derivatives(tuple):

@@ -34,15 +34,13 @@ from retrograde.schedules import (
 
 from ._models import (
     RECOMPUTES,
-    A,
     DiskPackage,
     Vec,
     adjfloat_loop,
     derivatives,
     finite_differences,
-    inner,
-    matvec,
-    react,
+    poison,
+    uniform_loop,
     vec_loop,
 )
 
@@ -143,13 +141,6 @@ def test_package_disk_checkpointing(tmp_path):
         assert not (a == "continue" and b == "continue")
 
 
-def _poison(tape):
-    for block in tape.get_blocks():
-        for bv in list(block.get_outputs()) + list(block.get_dependencies()):
-            if isinstance(bv.output, Vec):
-                bv.output.data[...] = np.nan
-
-
 @pytest.mark.parametrize("schedule", [Revolve(2), StoreAll(), Online(3)], ids=str)
 def test_no_read_of_live_objects(schedule):
     """Every live object on the tape poisoned with NaN after taping: nothing changes."""
@@ -159,7 +150,7 @@ def test_no_read_of_live_objects(schedule):
         rp.enable_checkpointing(schedule)
         p = pa.AdjFloat(0.7)
         rf = pa.ReducedFunctional(vec_loop(p, tape), pa.Control(p))
-        _poison(tape)
+        poison(tape)
         got = [
             float(rf.derivative()),
             float(rf.derivative()),
@@ -169,15 +160,6 @@ def test_no_read_of_live_objects(schedule):
             float(rf.hessian(pa.AdjFloat(1.0))),
         ]
     np.testing.assert_allclose(got, ref[:6], rtol=1e-13)
-
-
-def _uniform_loop(p, tape, n_steps):
-    """Two counted blocks per step, and one more (the functional) in the last."""
-    u, v = Vec(np.linspace(0.2, 0.8, 5)), Vec(np.zeros(5))
-    for _ in tape.timestepper(iter(range(n_steps))):
-        matvec(v, A, u)
-        react(u, v, p)
-    return inner(u, u)
 
 
 @pytest.mark.parametrize(
@@ -194,7 +176,7 @@ def test_recomputations_equal_simulate(schedule, n_steps):
     with pa.set_working_tape(tape):
         manager = rp.enable_checkpointing(schedule, n_steps=n_steps)
         p = pa.AdjFloat(0.7)
-        rf = pa.ReducedFunctional(_uniform_loop(p, tape, N), pa.Control(p))
+        rf = pa.ReducedFunctional(uniform_loop(p, tape, N), pa.Control(p))
         taped_online = isinstance(schedule, Online) or n_steps is None
         taped = (
             Online(schedule.snapshots)

@@ -68,9 +68,10 @@ def forward(
         callable many times; close it (``with`` block) to release the snapshots.
 
     Cost: the schedule's first sweep plus the steps from its end to ``N`` (one step for the
-    schedules shipped); memory: the snapshots of that sweep until closed, the state the reverse
-    part starts from, ``u_N`` (``.state``), the final loss gradient and ``params`` (copies),
-    plus the snapshots of a running ``vjp``.
+    schedules shipped, none when the sweep ends at ``u_N``); memory: the snapshots (and, for a
+    mixed schedule, the step data) of that sweep until closed, the state the reverse part starts
+    from, ``u_N`` (``.state``), the final loss gradient and ``params`` (copies), plus the
+    snapshots and data of a running ``vjp``.
 
     Arrays: steps may overwrite the state and cotangents they are handed; see
     ``docs/host.md`` for the whole aliasing contract.

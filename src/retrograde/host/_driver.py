@@ -11,12 +11,21 @@ and has one method per action kind (a :class:`~retrograde.schedules.Executor`). 
 first executed by the simulator (:class:`~retrograde.schedules.Simulator`), so that the
 driver runs only actions proven valid: the state it needs is at hand or in the slot it names.
 
+Mixed schedules: ``Linearize(n, slot, level)`` evaluates step ``n`` with the step's
+``linearize`` (for a JAX step, ``jax.vjp``: the data are the residuals its function holds) and
+stores a copy of the returned data in ``slot``, in a second store of that level (the level's
+state store and data store are opened from the same storage specification, so that each counts
+its own bytes and shares unchanged leaves with its own kind); ``Reverse(n, slot, level)`` hands
+that data to ``vjp_from``. With running losses, ``Linearize(n)`` also stores their gradient at
+``u_n`` (shaped like the state and the parameters), since ``Reverse(n)`` has no state to take it
+from.
+
 Arrays (see :mod:`._trees` for the ownership rules): the driver copies a state when it stores a
 snapshot, and when it restores one that is read again later; a restore that is the snapshot's last
 read (the schedule frees it right after recording that step) hands the stored arrays over instead.
-Cotangents are accumulated in place in arrays the driver allocated. Memory of a reverse sweep
-beyond its snapshots: the state at hand, the cotangent, the parameters' cotangent, and what the
-step's adjoint allocates.
+Step data are handled alike. Cotangents are accumulated in place in arrays the driver allocated.
+Memory of a reverse sweep beyond its snapshots: the state at hand, the cotangent, the parameters'
+cotangent, and what the step's adjoint allocates.
 """
 
 from __future__ import annotations
@@ -37,10 +46,12 @@ from ..schedules import (
     End,
     Executor,
     Free,
+    Linearize,
     OfflineSchedule,
     OnlineSchedule,
     Record,
     Restore,
+    Reverse,
     Schedule,
     ScheduleError,
     Simulator,
@@ -49,7 +60,7 @@ from ..schedules import (
 from ..schedules import Store as StoreAction  # the action; Store is the snapshot store
 from ._step import LossImpl, PyTree, StepImpl
 from ._storage import StorageSpec, resolve_storage
-from ._trees import TreeSpec, accumulate, dtype_of, private, readonly
+from ._trees import TreeSpec, accumulate, dtype_of, is_array_leaf, private, readonly
 
 __all__ = ["ForwardPass", "Grads", "Counts", "PROGRESS_THRESHOLD"]
 
@@ -79,6 +90,10 @@ class Counts:
     ``plain``: step evaluations without adjoint (the first sweep, recomputations and the final
     step that produces ``u_N``); ``recorded``: adjoint evaluations; ``writes``/``reads``:
     snapshot stores/restores per storage level; ``shared_leaves``: leaves stored by reference.
+    Mixed schedules: ``linearized``: evaluations keeping the step's data (``Linearize``);
+    ``reversed``: steps reversed from their data (``Reverse``); ``data_writes``/``data_reads``:
+    data stored/read per level. ``state_bytes``/``data_bytes``: the most bytes of state
+    snapshots/of step data held at once on each level (shared leaves once).
 
     Example: ``fp.counts.plain`` after ``fp = rh.forward(...)`` is the number of plain step
     evaluations so far.
@@ -89,6 +104,12 @@ class Counts:
     writes: tuple[int, ...] = ()
     reads: tuple[int, ...] = ()
     shared_leaves: tuple[int, ...] = ()
+    linearized: int = 0
+    reversed: int = 0
+    data_writes: tuple[int, ...] = ()
+    data_reads: tuple[int, ...] = ()
+    state_bytes: tuple[int, ...] = ()
+    data_bytes: tuple[int, ...] = ()
 
 
 def copy_tree(tree, dtypes=None):
@@ -199,6 +220,8 @@ class ForwardPass:
         self._progress = _progress_enabled(progress, n_steps)
         self._bar = _Progress()
         self._stores: list[Store] = []
+        self._specs: list = []
+        self._data_stores: list[Store | None] = []
         self._hand_store = MemoryStore("state at hand")
         self._hand: Snapshot | None = None
         self._closed = False
@@ -218,6 +241,8 @@ class ForwardPass:
         try:
             for i, (spec, lvl) in enumerate(zip(specs, self._levels)):
                 self._stores.append(spec.open(f"level {i} ({lvl.name or 'unnamed'})"))
+            self._specs = specs
+            self._data_stores = [None] * len(specs)  # opened by the first Linearize on the level
             self._run_forward(state, n_steps, until)
         except BaseException:
             self.close()
@@ -236,7 +261,8 @@ class ForwardPass:
             return
         self._closed = True
         errors = []
-        for store in [*self._stores, self._hand_store]:
+        opened = [s for s in self._data_stores if s is not None]
+        for store in [*self._stores, *opened, self._hand_store]:
             try:
                 store.close()
             except Exception as e:  # noqa: BLE001 - keep closing the others; raised below
@@ -259,17 +285,22 @@ class ForwardPass:
             state_bar: cotangent of the final state ``u_N`` (a pytree like the state), or
                 ``None`` for zero. It is copied, never modified.
             loss_bar: cotangent of the loss ``J``; default ``1.0`` when a loss was given.
-            keep: ``True`` keeps the first sweep's snapshots for further ``vjp`` calls (memory:
-                up to the schedule's slots twice over during this call). ``False`` frees each
-                of them as soon as the schedule frees it (memory: the schedule's slots); the
-                handle can then not ``vjp`` again.
+            keep: ``True`` keeps the first sweep's snapshots (and step data, with a mixed
+                schedule) for further ``vjp`` calls (memory: up to the schedule's slots twice
+                over during this call: those the first sweep holds, ``S_f |u| + sum_{n in D_f}
+                |d_n|``, kept, plus those of this reverse part; ``|u|`` a state's bytes, ``|d_n|``
+                step ``n``'s data, ``D_f`` the steps whose data the first sweep keeps). ``False``
+                frees each of them as soon as the schedule frees it (memory: the schedule's
+                slots); the handle can then not ``vjp`` again.
 
         Returns:
             :class:`Grads` ``(params, state0)``: ``d<state_bar, u_N> + loss_bar * dJ`` with respect
             to ``params`` and ``u_0``; new arrays, the caller's.
 
-        Cost: the reverse part of the schedule (its recomputations and ``N`` adjoint steps); the
-        first sweep is not repeated. Snapshots made here are freed before returning.
+        Cost: the reverse part of the schedule (its recomputations, its ``Linearize`` steps, and
+        ``N`` adjoint steps, by ``vjp`` or ``vjp_from``); the first sweep is not repeated, and its
+        step data are read again (copied), not recomputed. Snapshots and data made here are freed
+        before returning.
         """
         if self._closed:
             raise ValueError(
@@ -335,11 +366,15 @@ class ForwardPass:
         )
 
     def _plain(self, n, state):
-        """One plain step ``u_n -> u_{n+1}`` (checked); the first time ``u_{n+1}`` is reached, add
-        the running losses and tick the progress bar."""
+        """One plain step ``u_n -> u_{n+1}`` (checked)."""
         self.counts.plain += 1
         out = self._step.forward(n, state, self._params)
-        out = self._sspec.check_primal(out, self._step.where("forward", n))
+        return self._stepped(n, out, "forward")
+
+    def _stepped(self, n, out, callback):
+        """``u_{n+1}``, returned by ``callback``, checked; the first time it is reached, add the
+        running losses and tick the progress bar."""
+        out = self._sspec.check_primal(out, self._step.where(callback, n))
         if n + 1 > self._reached:
             self._reached = n + 1
             running = [L for L in self._losses if L.running]
@@ -362,10 +397,26 @@ class ForwardPass:
                 + "; it must return a bool (stop before step n?)."
             ) from None
 
+    def _data_store(self, level: int) -> Store:
+        """The store of step data on ``level``, opened from the level's storage specification the
+        first time (so that a schedule without ``Linearize`` opens none)."""
+        store = self._data_stores[level]
+        if store is None:
+            name = self._levels[level].name or "unnamed"
+            store = self._data_stores[level] = self._specs[level].open(
+                f"level {level} ({name}) step data"
+            )
+        return store
+
     def _sync_counts(self):
         self.counts.writes = tuple(s.writes for s in self._stores)
         self.counts.reads = tuple(s.reads for s in self._stores)
         self.counts.shared_leaves = tuple(s.shared_leaves for s in self._stores)
+        self.counts.state_bytes = tuple(s.peak_nbytes for s in self._stores)
+        data = self._data_stores
+        self.counts.data_writes = tuple(0 if s is None else s.writes for s in data)
+        self.counts.data_reads = tuple(0 if s is None else s.reads for s in data)
+        self.counts.data_bytes = tuple(0 if s is None else s.peak_nbytes for s in data)
 
     # ------------------------------------------------------------------ forward
     def _check_length(self, n_steps, until) -> tuple[int | None, bool]:
@@ -396,6 +447,7 @@ class ForwardPass:
         m = _Sweep(self, self._persistent, check)
         m.state = state
         del state
+        m.running = [L for L in self._losses if L.running]  # stored with a step's data
         self._J, self._reached = 0.0, 0
         with _Progress(self._progress, n_steps, "forward") as self._bar:
             if online:
@@ -536,12 +588,28 @@ class _Lookahead:
 
 
 class _Checker(Simulator):
-    """The simulator of a sweep; a restore or free of a slot that does not hold the
+    """The simulator of a sweep; a restore, reverse or free of a slot that does not hold the
     step is a :class:`SnapshotError` here (a missing snapshot is never replaced)."""
 
     def not_held(self, action, holds):
         step, slot, level = action
         where = f"slot {slot} of level {level} ({self.levels[level].name or 'unnamed'})"
+        data = self.data[level].get(slot)
+        if type(action) is Reverse:
+            if holds is not None:
+                what = f"the snapshot of step {holds}"
+            else:
+                what = "nothing" if data is None else f"the data of step {data}"
+            raise SnapshotError(
+                f"the data of step {step} is missing: the schedule reverses step {step} from "
+                f"{where}, which holds {what} (a missing snapshot is never replaced by a live "
+                "value)."
+            )
+        if type(action) is Restore and data is not None:
+            raise SnapshotError(
+                f"snapshot of step {step} is missing: {where} holds the data of step {data}, "
+                "not a state (a sweep cannot restart from a step's data)."
+            )
         if type(action) is Restore and holds is None:
             raise SnapshotError(
                 f"snapshot of step {step} is missing: the schedule restores it from {where}, "
@@ -594,12 +662,12 @@ class _Sweep(Executor):
     def run(  # type: ignore[override]
         self, actions: Iterable, *, first_sweep: bool = False
     ) -> int:
-        """Execute ``actions`` up to ``End`` (in the first sweep: up to the first ``Record`` or
-        ``End``, which stays unexecuted); returns how many were executed."""
+        """Execute ``actions`` up to ``End`` (in the first sweep: up to the first ``Record``,
+        ``Reverse`` or ``End``, which stays unexecuted); returns how many were executed."""
         self.ahead = it = _Lookahead(actions)
         try:
             while (a := it.peek()) is not None:
-                if first_sweep and type(a) in (Record, End):
+                if first_sweep and type(a) in (Record, Reverse, End):
                     break
                 it.take()
                 self.execute(a)
@@ -652,18 +720,33 @@ class _Sweep(Executor):
         state, self.state = self.state, None
         g = None  # the running losses read u_n: their gradient before the adjoint may overwrite it
         if n >= 1 and self.running:
-            view = readonly(state)
-            g = [None] * len(fp._sspec)
-            for L in self.running:
-                s_bar, p_bar = fp._loss_grad(L, n, view)
-                g = [accumulate(x, y, self.loss_bar) for x, y in zip(g, s_bar)]
-                self.pbar = [accumulate(x, y, self.loss_bar) for x, y in zip(self.pbar, p_bar)]
-            del view, s_bar, p_bar
+            g, gp = self._running_grad(n, state, self.loss_bar)
+            self.pbar = [accumulate(x, y, take=True) for x, y in zip(self.pbar, gp)]
+            del gp
         lam, self.lam = fp._sspec.materialize(self.lam), None
         res = fp._step.vjp(n, state, fp._params, lam)
         del state, lam
         fp.counts.recorded += 1
-        where = fp._step.where("vjp", n)
+        self._adjoint_done(n, res, g, "vjp")
+
+    def _running_grad(self, n, state, scale: float = 1.0) -> tuple[list, list]:
+        """``scale`` times the gradient of the running losses at ``u_n``: leaves (``None`` for
+        zero) shaped like the state and the parameters, in new arrays of the driver's own."""
+        fp = self.fp
+        view = readonly(state)
+        g: list = [None] * len(fp._sspec)
+        gp: list = [None] * len(fp._pspec)
+        for L in self.running:
+            s_bar, p_bar = fp._loss_grad(L, n, view)
+            g = [accumulate(x, y, scale) for x, y in zip(g, s_bar)]
+            gp = [accumulate(x, y, scale) for x, y in zip(gp, p_bar)]
+        return g, gp
+
+    def _adjoint_done(self, n, res, g, callback):
+        """Check the adjoint's ``res = (state_bar, params_bar)`` of step ``n`` (returned by
+        ``callback``), add it to the parameters' cotangent; ``lam_n = state_bar + g``."""
+        fp = self.fp
+        where = fp._step.where(callback, n)
         s_bar = fp._sspec.check_cotangent(res[0], where, "state_bar")
         p_bar = fp._pspec.check_cotangent(res[1], where, "params_bar")
         del res
@@ -672,14 +755,94 @@ class _Sweep(Executor):
         self.lam = s_bar if g is None else [accumulate(x, y) for x, y in zip(g, s_bar)]
         fp._bar.update()
 
+    def linearize(self, a: Linearize):
+        """Step ``n`` keeping its data (a copy) in a slot; the gradient of the running losses at
+        ``u_n`` is stored with it (``Reverse(n)`` has no ``u_n`` to take it from)."""
+        n, slot, level = a
+        fp = self.fp
+        state, self.state = self.state, None
+        g = gp = None
+        if n >= 1 and self.running:  # before the step, which may overwrite u_n
+            g, gp = self._running_grad(n, state)
+        fp.counts.linearized += 1
+        out, data = fp._step.linearize(n, state, fp._params)
+        del state
+        where = fp._step.where("linearize", n)
+        flat, treedef = tree_util.tree_flatten_with_path(data)
+        del data
+        leaves = [x for _, x in flat]
+        for path, x in flat:
+            if not is_array_leaf(x):
+                raise TypeError(
+                    f"{where} returned data leaf {tree_util.keystr(path)} of type "
+                    f"{type(x).__name__}; the data must be a pytree of arrays (it is copied "
+                    "into the schedule's slot, in RAM or on disk)."
+                )
+        extra = [] if g is None else [x for x in (*g, *gp) if x is not None]
+        layout = _DataLayout(
+            treedef,
+            len(leaves),
+            None if g is None else tuple(x is not None for x in g),
+            None if gp is None else tuple(x is not None for x in gp),
+        )
+        # copied before the state goes on: the data may alias u_{n+1}
+        snap = fp._data_store(level).put(n, [*leaves, *extra], layout)
+        del flat, leaves, extra, g, gp
+        self.slots[(level, slot)] = snap
+        if self.temp is not None:
+            self.temp.add(snap)
+        self.state = fp._stepped(n, out, "linearize")
+
+    def reverse(self, a: Reverse):
+        """The adjoint of step ``n`` from its data: ``lam_n = vjp_from_n(lam_{n+1}) + loss_bar *
+        grad running(u_n)`` (that gradient stored by ``Linearize(n)``)."""
+        n, slot, level = a
+        fp = self.fp
+        snap = self.slots[(level, slot)]
+        self.state = None  # no state at hand afterwards
+        take = self._releases(snap) and _last_read(a, self.ahead)
+        leaves = snap.store.get(snap, take=take)
+        layout: _DataLayout = snap.treedef
+        data = tree_util.tree_unflatten(layout.treedef, leaves[: layout.n])
+        g = None
+        if self.running and layout.state is not None:
+            rest = iter(leaves[layout.n :])
+            g = [
+                accumulate(None, next(rest), self.loss_bar, take=True) if k else None
+                for k in layout.state
+            ]
+            gp = [
+                accumulate(None, next(rest), self.loss_bar, take=True) if k else None
+                for k in layout.params
+            ]
+            self.pbar = [accumulate(x, y, take=True) for x, y in zip(self.pbar, gp)]
+            del rest, gp
+        del leaves
+        lam, self.lam = fp._sspec.materialize(self.lam), None
+        res = fp._step.vjp_from(n, data, fp._params, lam)
+        del data, lam
+        fp.counts.reversed += 1
+        self._adjoint_done(n, res, g, "vjp_from")
+
     # ------------------------------------------------------------------ helpers
     def _releases(self, snap) -> bool:
         """Whether this sweep's ``Free`` of ``snap`` really releases it."""
         return self.temp is None or snap in self.temp or not self.keep
 
 
-def _last_read(a: Restore, ahead: _Lookahead | None) -> bool:
-    """Whether the schedule frees the restored slot right away (after recording its step)."""
+class _DataLayout(NamedTuple):
+    """How a step's data is stored (the structure kept with it): the leaves of the data
+    (``treedef``, ``n`` of them), then those of the running losses' gradient at ``u_n`` not
+    zero (``state``/``params``: which leaves are stored; ``None``: no gradient stored)."""
+
+    treedef: Any
+    n: int
+    state: tuple[bool, ...] | None
+    params: tuple[bool, ...] | None
+
+
+def _last_read(a: Restore | Reverse, ahead: _Lookahead | None) -> bool:
+    """Whether the schedule frees the slot read right away (after recording its step)."""
     if ahead is None:
         return False
     nxt = ahead.peek(0)

@@ -5,7 +5,8 @@ arrays. Two kinds are accepted wherever a step is expected:
 
 * a JAX-differentiable function ``step(n, state, params)``: its plain evaluation, VJP and JVP come
   from JAX, each compiled once with ``jax.jit`` (``n`` arrives as a traced integer scalar, so a new
-  step index never triggers a recompilation);
+  step index never triggers a recompilation); for mixed schedules, its data are the residuals of
+  ``jax.vjp`` (the leaves of the function it returns);
 * a :class:`Step` of hand-written functions, for NumPy or SciPy code.
 
 A *loss term* is :class:`Running` (summed over the states after every step) or :class:`Final`
@@ -44,14 +45,25 @@ class Step:
             copy), so it may recompute intermediates itself.
         jvp: optional ``jvp(n, state, params, state_dot, params_dot) -> (next_state,
             next_state_dot)``, used only by :func:`retrograde.host.jvp`.
+        linearize: optional, for mixed schedules (their ``Linearize`` actions): ``linearize(n,
+            state, params) -> (next_state, data)``, ``forward`` that also returns ``data``, a
+            pytree of arrays holding what the adjoint of step ``n`` needs (its linearisation
+            point: intermediates, a factorisation as arrays, ...). The driver stores a copy of
+            ``data`` in a slot of the schedule's level (RAM or disk), as it stores states.
+        vjp_from: ``vjp_from(n, data, params, next_state_bar) -> (state_bar, params_bar)``: what
+            ``vjp`` returns, computed from the ``data`` that ``linearize`` returned for step
+            ``n`` (a private copy) instead of from the state. Give both or neither.
 
-    Aliasing: ``state``, ``next_state_bar`` and ``state_dot`` are the driver's private arrays,
-    never read again after the call: every function may overwrite them (and may return them).
-    What they return is handed to later calls in turn, so return fresh arrays or the ones you
-    were given, never arrays you keep. ``params`` (and ``params_dot``) are read-only.
+    Aliasing: ``state``, ``next_state_bar``, ``state_dot`` and ``data`` are the driver's
+    private arrays, never read again after the call: every function may overwrite them (and may
+    return them). What they return is handed to later calls in turn, so return fresh arrays or
+    the ones you were given, never arrays you keep (the ``data`` ``linearize`` returns is copied
+    before the next call, so it may alias ``next_state``). ``params`` (and ``params_dot``) are
+    read-only.
 
-    Cost: the driver calls ``forward`` for every plain evaluation and ``vjp`` once per step
-    (``forward`` is not called before ``vjp`` in the reverse sweep).
+    Cost: the driver calls ``forward`` for every plain evaluation, ``linearize`` for every
+    ``Linearize`` action, and once per step either ``vjp`` (a recorded step; ``forward`` is not
+    called before it in the reverse sweep) or ``vjp_from`` (a step reversed from its data).
 
     Example:
         >>> import numpy as np
@@ -64,6 +76,8 @@ class Step:
     forward: Callable[[int, PyTree, PyTree], PyTree]
     vjp: Callable[[int, PyTree, PyTree, PyTree], tuple[PyTree, PyTree]]
     jvp: Callable[..., tuple[PyTree, PyTree]] | None = None
+    linearize: Callable[[int, PyTree, PyTree], tuple[PyTree, PyTree]] | None = None
+    vjp_from: Callable[[int, PyTree, PyTree, PyTree], tuple[PyTree, PyTree]] | None = None
 
     def __post_init__(self):
         for name in ("forward", "vjp"):
@@ -72,8 +86,19 @@ class Step:
                     f"Step({name}=...) must be callable, got {getattr(self, name)!r}; see the "
                     "docstring of retrograde.host.Step for its signature."
                 )
-        if self.jvp is not None and not callable(self.jvp):
-            raise TypeError(f"Step(jvp=...) must be callable or None, got {self.jvp!r}.")
+        for name in ("jvp", "linearize", "vjp_from"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise TypeError(f"Step({name}=...) must be callable or None, got {value!r}.")
+        if (self.linearize is None) != (self.vjp_from is None):
+            given, missing = (
+                ("linearize", "vjp_from") if self.vjp_from is None else ("vjp_from", "linearize")
+            )
+            raise TypeError(
+                f"Step({given}=...) was given without {missing}: a step reversed from stored data "
+                "needs both, linearize(n, state, params) -> (next_state, data) and "
+                "vjp_from(n, data, params, next_state_bar) -> (state_bar, params_bar)."
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +186,14 @@ class StepImpl:
     def jvp(self, n, state, params, state_dot, params_dot):
         raise NotImplementedError
 
+    def linearize(self, n, state, params):
+        """``(next_state, data)``: step ``n`` keeping what its adjoint needs (a pytree)."""
+        raise NotImplementedError
+
+    def vjp_from(self, n, data, params, out_bar):
+        """``(state_bar, params_bar)`` of step ``n`` from the ``data`` of :meth:`linearize`."""
+        raise NotImplementedError
+
     def where(self, callback: str, n: int) -> str:
         raise NotImplementedError
 
@@ -196,6 +229,29 @@ class _HostStep(StepImpl):
             "(next_state, next_state_dot)",
         )
 
+    def linearize(self, n, state, params):
+        if self.step.linearize is None:
+            raise ValueError(
+                f"The schedule reverses step {n} from stored data (a Linearize action: mixed "
+                "checkpointing), but this Step has no linearize; pass Step(forward, vjp, "
+                "linearize=..., vjp_from=...) with linearize(n, state, params) -> (next_state, "
+                "data) and vjp_from(n, data, params, next_state_bar) -> (state_bar, params_bar), "
+                "or use a schedule without Linearize actions such as Revolve(s)."
+            )
+        return _pair(
+            self.step.linearize(n, state, params),
+            self.where("linearize", n),
+            "(next_state, data)",
+        )
+
+    def vjp_from(self, n, data, params, out_bar):
+        assert self.step.vjp_from is not None  # linearize made the data: both were given
+        return _pair(
+            self.step.vjp_from(n, data, params, out_bar),
+            self.where("vjp_from", n),
+            "(state_bar, params_bar)",
+        )
+
 
 def _pair(res, where, what):
     if not (isinstance(res, tuple) and len(res) == 2):
@@ -205,7 +261,10 @@ def _pair(res, where, what):
 
 
 class JaxCore:
-    """The compiled forward, VJP and JVP of a JAX step function ``fn`` (each jitted once)."""
+    """The compiled forward, VJP and JVP of a JAX step function ``fn`` (each jitted once), and
+    for mixed schedules ``linearize`` (the step and the function ``jax.vjp`` returns, a pytree
+    whose leaves are the residuals the step's adjoint reads) and ``vjp_from`` (that function
+    applied to a cotangent)."""
 
     def __init__(self, fn: Callable):
         import jax
@@ -217,9 +276,14 @@ class JaxCore:
         def jvp(n, state, params, state_dot, params_dot):
             return jax.jvp(lambda s, p: fn(n, s, p), (state, params), (state_dot, params_dot))
 
+        def linearize(n, state, params):
+            return jax.vjp(lambda s, p: fn(n, s, p), state, params)
+
         self.forward = jax.jit(fn)
         self.vjp = jax.jit(vjp)
         self.jvp = jax.jit(jvp)
+        self.linearize = jax.jit(linearize)
+        self.vjp_from = jax.jit(lambda pullback, out_bar: pullback(out_bar))
 
 
 class JaxStep(StepImpl):
@@ -244,6 +308,12 @@ class JaxStep(StepImpl):
 
     def jvp(self, n, state, params, state_dot, params_dot):
         return self.core.jvp(n, state, params, state_dot, params_dot)
+
+    def linearize(self, n, state, params):
+        return self.core.linearize(n, state, params)
+
+    def vjp_from(self, n, data, params, out_bar):
+        return self.core.vjp_from(data, out_bar)
 
 
 def as_step(step: StepLike | StepImpl) -> StepImpl:

@@ -57,7 +57,8 @@ def is_plain_zero(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == 0
 
 
-def _is_array_leaf(x) -> bool:
+def is_array_leaf(x) -> bool:
+    """An array (NumPy or JAX) or a scalar: what a state, a cotangent or a step's data holds."""
     return isinstance(x, (np.ndarray, np.generic, jax.Array, *_SCALARS))
 
 
@@ -144,7 +145,7 @@ class TreeSpec:
         self.shapes: list[tuple | None] = []
         self.dtypes: list[np.dtype | None] = []
         for _, x in flat:
-            if _is_array_leaf(x):
+            if is_array_leaf(x):
                 self.shapes.append(tuple(np.shape(x)))
                 self.dtypes.append(dtype_of(x, jax_step))
             else:
@@ -223,7 +224,7 @@ class TreeSpec:
             return x
         name = self.name(i)
         label = f"{what} leaf {self.paths[i]}" if self.paths[i] else what
-        if not _is_array_leaf(x):
+        if not is_array_leaf(x):
             raise TypeError(
                 f"{where} {verb} {label} of type {type(x).__name__}; expected an array of shape "
                 f"{shape} and dtype {dtype} (like {name})."

@@ -35,14 +35,16 @@ def describe(bv: BlockVariable) -> str:
 
 
 class _Running:
-    """The step a sweep is running, for the message (set by the checkpoint manager). An
-    instance attribute: assigning a class attribute in the step loop would invalidate the
-    type's attribute cache on every step."""
+    """The step a sweep is running, for the message, and ``reads``: while not ``None``, the set
+    that every guarded read adds its variable to (the checkpoint manager watches which outputs a
+    block's adjoint reads). Instance attributes: assigning a class attribute in the step loop
+    would invalidate the type's attribute cache on every step."""
 
-    __slots__ = ("step",)
+    __slots__ = ("step", "reads")
 
     def __init__(self):
         self.step: int | None = None
+        self.reads: set | None = None
 
 
 RUNNING = _Running()
@@ -50,7 +52,7 @@ RUNNING = _Running()
 
 class GuardedBlockVariable(BlockVariable):
     """A :class:`pyadjoint.block_variable.BlockVariable` whose ``saved_output`` raises
-    :class:`MissingValueError` when it holds no checkpoint (cost: one test per read)."""
+    :class:`MissingValueError` when it holds no checkpoint (cost: two tests per read)."""
 
     @property
     def saved_output(self) -> Any:
@@ -64,6 +66,9 @@ class GuardedBlockVariable(BlockVariable):
                 "a block that reads a variable it did not declare as a dependency); please report "
                 "it with the loop that shows it."
             )
+        reads = RUNNING.reads
+        if reads is not None:
+            reads.add(self)
         return self.output._ad_restore_at_checkpoint(checkpoint)
 
 

@@ -27,6 +27,18 @@ its reverse part's one by one, those of every later sweep once, when the taping 
 part ``plain - (N - 1)`` plain and ``N`` recorded ones (offline schedules; an online one's
 ``plain - N`` and ``N``).
 
+**Mixed schedules.** ``Linearize(n)`` evaluates step ``n`` keeping its *data*: the values its
+blocks' adjoints read, which are every dependency of its blocks made on the tape (a block's
+``evaluate_adj`` reads them all) and the outputs each block's adjoint was seen to read (watched
+through the guarded variables the first time a block's adjoint runs; until then, all of its
+outputs). A tangent sweep (``tlm``, ``hessian``) keeps every output, and the tangents of all it
+keeps, since a second-order adjoint may read an output's tangent (Firedrake's solve blocks do),
+which no guard watches. ``Reverse(n)`` makes those values the blocks' checkpoints and runs the
+adjoints of step ``n`` with no recomputation; whatever else a block reads is absent, and raises
+:class:`~._guard.MissingValueError`. While taping, a ``Linearize(n)`` of the schedule keeps each
+value step ``n`` reads and each output it makes as it is taped (the live object holds that
+value then).
+
 **Taping.** The step count is unknown while taping unless ``n_steps`` was given: an offline
 schedule without it places its snapshots online (``Revolve(s)`` as ``Online(s)``, ``StoreAll``
 and ``RecomputeAll`` as themselves); later first sweeps use ``actions(N)`` for the count taped.
@@ -53,6 +65,7 @@ from ..schedules import (
     End,
     Executor,
     Free,
+    Linearize,
     OfflineSchedule,
     Online,
     OnlineRun,
@@ -60,6 +73,7 @@ from ..schedules import (
     RecomputeAll,
     Record,
     Restore,
+    Reverse,
     Revolve,
     Schedule,
     ScheduleError,
@@ -83,7 +97,9 @@ class Counts:
     ``steps``: step evaluations without adjoint (first sweeps, recomputations); ``recorded``:
     steps reversed; ``rerun``: those of them recomputed first (all, unless the schedule is
     ``StoreAll``, which keeps every value); ``writes``/``reads``: snapshots stored/restored, per
-    level.
+    level. Mixed schedules: ``linearized``: steps evaluated keeping their data (after taping);
+    ``reversed``: steps reversed from their data; ``data_writes``/``data_reads``: data stored
+    (taping included)/read, per level.
     """
 
     steps: int = 0
@@ -91,18 +107,23 @@ class Counts:
     rerun: int = 0
     writes: list = dataclasses.field(default_factory=list)
     reads: list = dataclasses.field(default_factory=list)
+    linearized: int = 0
+    reversed: int = 0
+    data_writes: list = dataclasses.field(default_factory=list)
+    data_reads: list = dataclasses.field(default_factory=list)
 
 
 class _Snapshot:
-    """The entries of one stored state: ``step``, the level's ``store``, ``entries`` (block
-    variable -> entry)."""
+    """The entries of one stored state, or with ``data`` of one step's data: ``step``, the
+    level's ``store``, ``entries`` (block variable -> entry)."""
 
-    __slots__ = ("step", "store", "entries", "level")
+    __slots__ = ("step", "store", "entries", "level", "data")
 
-    def __init__(self, step: int, level: int, store):
+    def __init__(self, step: int, level: int, store, data: bool = False):
         self.step = step
         self.level = level
         self.store = store
+        self.data = data
         self.entries: dict = {}
 
     def release(self) -> None:
@@ -171,12 +192,19 @@ class CheckpointManager:
         self.n_given = None if n_steps is None else check_steps(n_steps, "n_steps")
         self.levels = tuple(schedule.levels)
         self.stores = [open_store(level, tape) for level in self.levels]
-        self.counts = Counts(writes=[0] * len(self.levels), reads=[0] * len(self.levels))
+        zeros = [0] * len(self.levels)
+        self.counts = Counts(
+            writes=zeros[:], reads=zeros[:], data_writes=zeros[:], data_reads=zeros[:]
+        )
         self.graph: TapeGraph | None = None
         self.functional = None  # the block variable of the last functional recomputed
         self.seeds: list = []  # (block variable, adjoint value) of the last evaluate_adj
         self._controls: set = set()
         self._tangent_first = False  # the last first sweep carried tangents
+        #: block -> the outputs its adjoint read, for the blocks whose adjoint ran (mixed)
+        self.adjoint_reads: dict = {}
+        self.mixed = False  # the schedule has Linearize actions (known once taped)
+        self._taping_data: _Snapshot | None = None  # the data of the step being taped
         for p in tape._package_data.values():
             p.pause_checkpointing()
         # taping
@@ -225,6 +253,11 @@ class CheckpointManager:
             else:
                 if type(a) is Advance and a.start == b:
                     self._check.execute(s.take())
+                elif type(a) is Linearize and a.step == b:  # step b's data, kept as it is taped
+                    self._check.execute(s.take())
+                    snap = _Snapshot(b, a.level, self.stores[a.level], data=True)
+                    self._persistent[(a.level, a.slot)] = self._taping_data = snap
+                    self.counts.data_writes[a.level] += 1
                 return
 
     def _taping_action(self, a) -> None:
@@ -236,8 +269,9 @@ class CheckpointManager:
             self.counts.writes[a.level] += 1
         else:  # Free
             snap = self._persistent.pop(key)
-            i = self._taping_snaps.index(snap)
-            del self._taping_snaps[i], self._taping_steps[i]
+            if not snap.data:
+                i = self._taping_snaps.index(snap)
+                del self._taping_snaps[i], self._taping_steps[i]
             snap.release()
 
     def end_timestep(self, timestep: int) -> None:
@@ -253,6 +287,7 @@ class CheckpointManager:
                 f"the loop takes more than n_steps={self.n_given} time steps; pass "
                 f"enable_checkpointing(..., n_steps=<the number of time steps>) or none."
             )
+        self._taping_data = None
         if not self.hold_all:
             self._clear_taping_step(timestep)
         self._hand_capture = {}
@@ -279,12 +314,14 @@ class CheckpointManager:
         self._reading = bv
         c = bv.creation_timestep
         m = self._boundary
-        if c < 0 or c >= m:
+        data = self._taping_data
+        if c < 0 or (c >= m and data is None):
             return  # a tape input, or made in this step
-        value = bv._checkpoint
-        if value is None or is_delegated(value):
-            with stop_annotating():
-                value = bv.output._ad_create_checkpoint()  # the live object still holds bv's value
+        value = _live_value(bv)  # the live object still holds bv's value
+        if data is not None and bv not in data.entries:
+            data.entries[bv] = data.store.put(m, bv, value, None)
+        if c >= m:
+            return
         self._hand_capture.setdefault(bv, value)
         done = self._covered.get(bv, c)
         if done >= m:
@@ -296,6 +333,14 @@ class CheckpointManager:
                 snap.entries[bv] = snap.store.put(snap.step, bv, value, None)
         self._covered[bv] = m
 
+    def capture_output(self, bv: BlockVariable) -> None:
+        """A block of the step being taped makes ``bv`` (pyadjoint's
+        ``add_to_adjoint_dependencies``, called once its value is computed): keep it in the
+        step's data if the schedule linearizes this step."""
+        data = self._taping_data
+        if data is not None and bv not in data.entries:
+            data.entries[bv] = data.store.put(self._boundary, bv, _live_value(bv), None)
+
     def _end_taping(self) -> None:
         """The loop is taped: fix ``N``, guard every variable, prepare the first reverse part."""
         tape = self.tape
@@ -305,6 +350,7 @@ class CheckpointManager:
                 f"the loop took {N} time steps but enable_checkpointing was given "
                 f"n_steps={self.n_given}; pass the number of steps the loop takes, or none."
             )
+        self._taping_data = None
         if not self.hold_all:
             self._clear_taping_step(N - 1)
         self.graph = g = TapeGraph(tape.timesteps)
@@ -313,10 +359,20 @@ class CheckpointManager:
                 for bv in block.get_outputs():
                     guard(bv, n, block)
         for snap in self._persistent.values():
-            missing = [bv for bv in g.live[snap.step] if bv not in snap.entries]
+            if snap.data:
+                need = [
+                    bv
+                    for block in g.steps[snap.step]
+                    for bv in block.get_dependencies()
+                    if bv in g.created
+                ]
+            else:
+                need = list(g.live[snap.step])
+            missing = [bv for bv in need if bv not in snap.entries]
             if missing:
+                what = "data" if snap.data else "snapshot"
                 raise MissingValueError(
-                    f"the snapshot of step {snap.step} lacks {describe(missing[0])}: it was not "
+                    f"the {what} of step {snap.step} lacks {describe(missing[0])}: it was not "
                     "read through a block dependency while taping."
                 )
         if self._online:
@@ -324,19 +380,22 @@ class CheckpointManager:
             self._online_saved = copy.deepcopy(self._run)
             self._hand = None
         else:
-            if self._check.current != N - 1:
+            if self._check.current not in (N - 1, N):
                 raise ScheduleError(
                     f"the schedule stopped at step {self._check.current}, not {N - 1}."
                 )
             self._prefix_len = self._stream.taken
-            self._hand = (N - 1, {bv: (v, None) for bv, v in self._hand_capture.items()})
+            self._hand = None  # at u_N: the taping linearized the last step
+            if self._check.current == N - 1:
+                self._hand = (N - 1, {bv: (v, None) for bv, v in self._hand_capture.items()})
         self._hand_capture = {}
         self._covered = {}
         self._taping_steps, self._taping_snaps = [], []
         self._reading = None
         self._stream = self._run = None
         self._checked = self._check
-        self._cached_plan = _plan_for(schedule=self.schedule, levels=self.levels, n_steps=N)
+        self._cached_plan = plan = _plan_for(schedule=self.schedule, levels=self.levels, n_steps=N)
+        self.mixed = any(type(a) is Linearize for a in (*plan.forward, *plan.reverse))
         self._after_taping = True
         self._consumed = False
         self.taping = False
@@ -476,9 +535,20 @@ class CheckpointManager:
             RUNNING.step = None
 
 
+def _live_value(bv: BlockVariable):
+    """``bv``'s value while taping: its checkpoint, or one made of the live object, which holds
+    that value while ``bv`` is read or made (a delegated checkpoint is copied out of it)."""
+    value = bv._checkpoint
+    if value is None or is_delegated(value):
+        with stop_annotating():
+            value = bv.output._ad_create_checkpoint()
+    return value
+
+
 class _Plan(NamedTuple):
     """The actions of every sweep after taping, for the count taped: ``forward`` (a first
-    sweep's, up to the first ``Record``, or for an online schedule up to ``u_N``), ``reverse``
+    sweep's, up to the first ``Record`` or ``Reverse``, or for an online schedule up to
+    ``u_N``), ``reverse``
     (the rest) and ``hand`` (the step at hand where ``forward`` ends)."""
 
     forward: tuple
@@ -496,7 +566,7 @@ def _plan_for(schedule: Schedule, levels, n_steps: int) -> _Plan:
     reverse: list = []
     hand = None
     for a in schedule_stream(schedule, n_steps):
-        if hand is None and (type(a) in (Record, End) or check.current == n_steps):
+        if hand is None and (type(a) in (Record, Reverse, End) or check.current == n_steps):
             hand = check.current
         check.execute(a)
         (forward if hand is None else reverse).append(a)
@@ -537,6 +607,8 @@ class _Sweep(Executor):
         self.markings = markings
         self.at: int | None = None
         self.hold_all = m.hold_all
+        # which outputs a block's adjoint reads, watched in first-order sweeps of mixed schedules
+        self.watch = m.adjoint_reads if (m.mixed and not tangent) else None
         self.protect = set(self.g.results) | m._controls  # never cleared
         if m.functional is not None:
             self.protect.add(m.functional)
@@ -572,16 +644,10 @@ class _Sweep(Executor):
     # ------------------------------------------------------------------ the state at hand
     def hold(self, n: int) -> dict:
         """References to the values (and tangents) of ``u_n``, at hand."""
-        out = {}
         tangent = self.tangent
-        for bv in self.g.live[n]:
-            value = bv._checkpoint
-            if value is None:
-                raise MissingValueError(f"step {n}: the state at hand lacks {describe(bv)}.")
-            if type(value) is not type(bv.output):  # the common case cannot delegate
-                value = materialise(bv, value)
-            out[bv] = (value, bv.tlm_value if tangent else None)
-        return out
+        return {
+            bv: (self._value(n, bv), bv.tlm_value if tangent else None) for bv in self.g.live[n]
+        }
 
     def load(self, n: int, values: dict) -> None:
         """Make ``u_n`` (``values``: block variable -> (value, tangent)) the state at hand."""
@@ -679,6 +745,126 @@ class _Sweep(Executor):
             self.temp.discard(snap)
         snap.release()
 
+    def _value(self, n: int, bv: BlockVariable):
+        """``bv``'s value at hand, self-contained (a delegated checkpoint copied out)."""
+        value = bv._checkpoint
+        if value is None:
+            raise MissingValueError(f"step {n}: the state at hand lacks {describe(bv)}.")
+        if type(value) is not type(bv.output):  # the common case cannot delegate
+            value = materialise(bv, value)
+        return value
+
+    def _data(self, n: int) -> list:
+        """What the adjoints of step ``n``'s blocks read, just evaluated: every dependency made on
+        the tape, and the outputs each block's adjoint was seen to read (all of them before its
+        adjoint ran, and in a tangent sweep); controls excepted, as ``(variable, value)``."""
+        g, controls = self.g, self.m._controls
+        created = g.created
+        reads = None if self.tangent else self.m.adjoint_reads
+        out: dict = {}
+        for block in g.steps[n]:
+            for bv in block.get_dependencies():
+                if bv in created and bv not in controls and bv not in out:
+                    out[bv] = self._value(n, bv)
+            known = None if reads is None else reads.get(block)
+            for bv in block.get_outputs():
+                if bv in controls or bv in out or bv._checkpoint is None:
+                    continue  # (an output a block did not recompute is not read either)
+                if known is None or bv in known:
+                    out[bv] = self._value(n, bv)
+        return list(out.items())
+
+    def linearize(self, a: Linearize) -> None:
+        """Step ``n`` evaluated from ``u_n``, its data kept in a slot (with tangents in a tangent
+        sweep); ``u_{n+1}`` is at hand afterwards."""
+        n, slot, level = a
+        if self.at != n:
+            raise MissingValueError(f"step {n} is linearized without its state at hand.")
+        m = self.m
+        self._step(n)
+        store = m.stores[level]
+        snap = _Snapshot(n, level, store, data=True)
+        tangent = self.tangent
+        snap.entries = {
+            bv: store.put(n, bv, value, bv.tlm_value if tangent else None)
+            for bv, value in self._data(n)
+        }
+        m.counts.linearized += 1
+        m.counts.data_writes[level] += 1
+        self.slots[(level, slot)] = snap
+        if self.temp is not None:
+            self.temp.add(snap)
+        if not self.hold_all:
+            self._clear(self.g.dead[n])
+        self.at = n + 1
+
+    def reverse(self, a: Reverse) -> None:
+        """Step ``n``'s adjoint (and second-order adjoint) from its data: no recomputation."""
+        n, slot, level = a
+        g, m = self.g, self.m
+        snap = self.slots[(level, slot)]
+        m.counts.data_reads[level] += 1
+        if self.at is not None and self.at < g.n_steps and not self.hold_all:
+            self._clear(g.live[self.at])  # (nothing but the protected results is made for u_N)
+        store, controls, tangent = snap.store, m._controls, self.tangent
+        loaded = []
+        for bv, entry in snap.entries.items():
+            if bv in controls:
+                continue
+            value, t = store.get(bv, entry)
+            bv._checkpoint = value
+            if tangent:
+                bv.tlm_value = t
+            loaded.append(bv)
+        self._adjoint(n)
+        m.counts.reversed += 1
+        self._clear(loaded)
+        self._reset_outputs(n)
+        self.at = None
+
+    def _adjoint(self, n: int) -> None:
+        """The adjoints (and in a Hessian sweep the second-order adjoints) of step ``n``'s blocks,
+        last first; in a first-order sweep of a mixed schedule, the outputs a block's adjoint reads
+        are noted the first time it runs (pyadjoint's conditions: an adjoint input, and with
+        ``markings`` a dependency the controls affect)."""
+        RUNNING.step = n
+        markings = self.markings
+        blocks = reversed(self.g.steps[n])
+        if self.hessian:
+            for block in blocks:
+                block.evaluate_adj(markings=markings)
+                block.evaluate_hessian(markings=markings)
+            return
+        watch = self.watch
+        for block in blocks:
+            if watch is None or block in watch:
+                block.evaluate_adj(markings=markings)
+                continue
+            outputs = block.get_outputs()
+            runs = any(bv.adj_value is not None for bv in outputs) and (
+                not markings or any(bv.is_control_dependent for bv in block.get_dependencies())
+            )
+            seen: set = set()
+            RUNNING.reads = seen
+            try:
+                block.evaluate_adj(markings=markings)
+            finally:
+                RUNNING.reads = None
+            if runs:
+                watch[block] = frozenset(bv for bv in outputs if bv in seen)
+
+    def _reset_outputs(self, n: int) -> None:
+        """Step ``n`` is reversed: drop its outputs' adjoints, values and tangents (controls'
+        adjoints and protected values stay)."""
+        controls, protect = self.m._controls, self.protect
+        for bv in self.g.outs[n]:
+            if bv not in controls:
+                bv.adj_value = None
+                bv.hessian_value = None
+            if bv not in protect:
+                bv._checkpoint = None
+                bv.tlm_value = None
+
     def record(self, a: Record) -> None:
         """Step ``n``'s adjoint (and second-order adjoint): its blocks recomputed from ``u_n``,
         unless every value the step makes is still held (``StoreAll``), then reversed."""
@@ -696,24 +882,9 @@ class _Sweep(Executor):
         if rerun:
             self._step(n)
             self.m.counts.rerun += 1
-        RUNNING.step = n
-        markings = self.markings
-        if self.hessian:
-            for block in reversed(g.steps[n]):
-                block.evaluate_adj(markings=markings)
-                block.evaluate_hessian(markings=markings)
-        else:
-            for block in reversed(g.steps[n]):
-                block.evaluate_adj(markings=markings)
+        self._adjoint(n)
         self.m.counts.recorded += 1
         if not self.hold_all:
             self._clear(g.live[n])
-        controls, protect = self.m._controls, self.protect
-        for bv in outs:
-            if bv not in controls:
-                bv.adj_value = None
-                bv.hessian_value = None
-            if bv not in protect:
-                bv._checkpoint = None
-                bv.tlm_value = None
+        self._reset_outputs(n)
         self.at = None

@@ -12,8 +12,9 @@ __all__ = ["enable_checkpointing", "CheckpointedTape"]
 
 class CheckpointedTape(Tape):
     """pyadjoint's :class:`~pyadjoint.tape.Tape`, with what its checkpoint manager is never
-    asked routed to the :class:`~._manager.CheckpointManager`: every dependency read while
-    taping (``add_to_checkpointable_state``), ``evaluate_tlm`` and ``evaluate_hessian``.
+    asked routed to the :class:`~._manager.CheckpointManager`: every dependency read and every
+    output made while taping (``add_to_checkpointable_state``, ``add_to_adjoint_dependencies``),
+    ``evaluate_tlm`` and ``evaluate_hessian``.
     :func:`enable_checkpointing` switches a tape to this class in place (no new state: the same
     slots), so everything that holds the tape keeps it.
     """
@@ -31,8 +32,10 @@ class CheckpointedTape(Tape):
         m.capture_read(block_var, last_used)
 
     def add_to_adjoint_dependencies(self, block_var, last_used):
-        if self._retrograde() is None:  # the manager reads the graph instead (O(1) per output)
-            super().add_to_adjoint_dependencies(block_var, last_used)
+        m = self._retrograde()
+        if m is None:
+            return super().add_to_adjoint_dependencies(block_var, last_used)
+        m.capture_output(block_var)  # the manager reads the graph, and keeps a step's data
 
     def evaluate_tlm(self, markings=False):
         m = self._retrograde()
