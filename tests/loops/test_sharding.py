@@ -93,13 +93,32 @@ def _memory_loss(scan, n, theta, u0):
     return jnp.sum(u**2)
 
 
-def _temp_per_device(scan, n, devices):
+def _manual_loss(scan, n, devices):
+    """The loss of :func:`_memory_loss` inside ``jax.shard_map``: each device steps its piece,
+    the shift a halo exchange (``ppermute``), the sum a ``psum``."""
+    ring = [(i, (i + 1) % devices) for i in range(devices)]
+
+    def loss(theta, u0):
+        step = lambda u, _: (
+            u + 0.01 * jnp.sin(theta * u) + 0.001 * jax.lax.ppermute(u, "x", ring),
+            None,
+        )
+        u, _ = scan(step, u0, None, length=n)
+        return jax.lax.psum(jnp.sum(u**2), "x")
+
+    spec = (PartitionSpec(), PartitionSpec("x"))
+    return jax.shard_map(loss, mesh=_mesh(devices), in_specs=spec, out_specs=PartitionSpec())
+
+
+def _temp_per_device(scan, n, devices, manual=False):
     """``temp_size_in_bytes`` of the compiled gradient over a state of ``STATE`` float64 sharded
-    over ``devices`` devices, in local pieces (``8 * STATE / devices`` bytes)."""
+    over ``devices`` devices, in local pieces (``8 * STATE / devices`` bytes); ``manual``: the
+    loop inside ``jax.shard_map``."""
     sharding = NamedSharding(_mesh(devices), PartitionSpec("x"))
-    grad = jax.jit(
-        jax.grad(lambda th, u: _memory_loss(scan, n, th, u), (0, 1)), in_shardings=(None, sharding)
+    loss = (
+        _manual_loss(scan, n, devices) if manual else (lambda th, u: _memory_loss(scan, n, th, u))
     )
+    grad = jax.jit(jax.grad(loss, (0, 1)), in_shardings=(None, sharding))
     compiled = grad.lower(jnp.float64(0.5), jnp.ones(STATE)).compile()
     stats = compiled.memory_analysis()
     if stats is None or getattr(stats, "temp_size_in_bytes", None) is None:
@@ -118,13 +137,16 @@ def test_memory_analysis_is_per_device():
     assert 2 * 100 <= local < 2 * 100 + 8, local
 
 
+@pytest.mark.parametrize("manual", [False, True], ids=["jit", "shard_map"])
 @pytest.mark.parametrize("devices", [2, 4])
-def test_snapshots_are_local_pieces(devices):
+def test_snapshots_are_local_pieces(devices, manual):
     """``Revolve(s)``'s gradient holds ``s`` local pieces per device plus a constant (measured:
     about 3.2 local pieces), flat in ``N``: ``s * state_bytes / devices + constant``, not
-    ``s`` global states (which would add ``devices`` local pieces per slot)."""
-    small, large = (_temp_per_device(_revolve(4), n, devices) for n in (100, 1000))
-    more_slots = _temp_per_device(_revolve(10), 100, devices)
+    ``s`` global states (which would add ``devices`` local pieces per slot); under ``jit`` with
+    a sharded input and inside ``shard_map``."""
+    temp = lambda s, n: _temp_per_device(_revolve(s), n, devices, manual)
+    small, large = temp(4, 100), temp(4, 1000)
+    more_slots = temp(10, 100)
     print(
         f"{devices} devices: {small:.2f} / {large:.2f} local pieces (s = 4, N = 100 / 1000), "
         f"{more_slots:.2f} (s = 10)"
@@ -170,7 +192,6 @@ def _offload_grad(loss, in_manual):
             mesh=mesh,
             in_specs=(PartitionSpec(), PartitionSpec("x")),
             out_specs=PartitionSpec(),
-            check_vma=False,
         )
     return P.jit(jax.value_and_grad(loss, (0, 1)))
 

@@ -83,9 +83,26 @@ def vary_as(x, aval):
     return vary_over(x, varying_axes(aval))
 
 
+def stacked_sharding(aval, lead=()):
+    """The sharding of ``lead + shape`` rows of ``aval``, each row sharded as ``aval`` is, where
+    the type must say it (a mesh with explicit axes, as ``jax.make_mesh`` makes by default);
+    ``None`` elsewhere (XLA's propagation then shards the rows as the values written in)."""
+    for n in reversed(lead):
+        aval = core.unmapped_leading_aval(n, aval)
+    sharding = aval.sharding
+    mesh = getattr(sharding, "mesh", None)
+    return sharding if mesh is not None and mesh.explicit_axes else None
+
+
 def zeros(avals, lead=()):
-    """Zeros of ``lead + shape`` for each abstract value, varying as it does."""
-    return [vary_as(jnp.zeros(lead + tuple(a.shape), a.dtype), a) for a in avals]
+    """Zeros of ``lead + shape`` for each abstract value, sharded (explicit mesh axes) and
+    varying (``jax.shard_map``) as it is."""
+    return [
+        vary_as(
+            jnp.zeros(lead + tuple(a.shape), a.dtype, out_sharding=stacked_sharding(a, lead)), a
+        )
+        for a in avals
+    ]
 
 
 def any_over(pred, axes):
@@ -108,14 +125,20 @@ def zeros_after(avals, lead, deps):
     The zeros are tied to one element of every dependency: a single one may be a constant (a
     symbolic zero cotangent made concrete), which XLA folds. Inside ``jax.shard_map`` a leaf
     is tied only to dependencies that vary over no axis it does not vary over (its type must
-    not change); a leaf with none left is plain zeros.
+    not change), and never to one sharded over explicit mesh axes (one element of it is not a
+    value a device holds); a leaf with none left is plain zeros.
     """
     leaves = [d for d in deps if d.size]
     dep_for: dict = {}  # the varying axes of a leaf -> the zero tied to its dependencies
     out = []
     for a in avals:
         if a.mat.varying not in dep_for:
-            tied = [d for d in leaves if core.typeof(d).mat.varying <= a.mat.varying]
+            tied = [
+                d
+                for d in leaves
+                if core.typeof(d).mat.varying <= a.mat.varying
+                and stacked_sharding(core.typeof(d)) is None
+            ]
             dep_for[a.mat.varying] = (
                 sum(jnp.real(d.ravel()[0]).astype(jnp.float32) for d in tied) * 0 if tied else None
             )
@@ -123,5 +146,8 @@ def zeros_after(avals, lead, deps):
         if dep is None:
             out.extend(zeros([a], lead))
         else:
-            out.append(vary_as(jnp.broadcast_to(dep.astype(a.dtype), lead + tuple(a.shape)), a))
+            full = jnp.broadcast_to(
+                dep.astype(a.dtype), lead + tuple(a.shape), out_sharding=stacked_sharding(a, lead)
+            )
+            out.append(vary_as(full, a))
     return out
