@@ -158,3 +158,29 @@ def test_mesh_with_explicit_axes(where):
     with jax.set_mesh(mesh):
         for mode, run in modes.items():
             PB.assert_close(run(make(Revolve(3))), run(make("lax")), 1e-12, f"{where} {mode}")
+
+
+def test_while_loop_with_a_step_count_per_device():
+    """A predicate on ``lax.axis_index``: each device takes its own number of steps. The step
+    has no collective, and the replicated parameter is made varying before the loop
+    (``pcast``), so the reverse sweep has none either (its cotangent is summed once, after the
+    loop; read inside the loop, a replicated value's cotangent is summed in every step, a
+    collective that devices running different step counts would wait on forever). Against a
+    ``lax.scan`` of the longest count that stops each device's updates at its own count."""
+
+    def ours(theta, u0):
+        theta = lax.pcast(theta, "x", to="varying")
+        cond = lambda c: c[0] < 3 + 2 * lax.axis_index("x")
+        body = lambda c: (c[0] + 1, c[1] + 0.1 * jnp.sin(theta * c[1]))
+        _, u = retrograde.while_loop(cond, body, (0, u0), schedule=Online(2))
+        return lax.psum(jnp.sum(u**2), "x")
+
+    def ref(theta, u0):
+        n = 3 + 2 * lax.axis_index("x")
+        step = lambda u, i: (jnp.where(i < n, u + 0.1 * jnp.sin(theta * u), u), None)
+        u, _ = lax.scan(step, u0, jnp.arange(3 + 2 * DEVICES))
+        return lax.psum(jnp.sum(u**2), "x")
+
+    wrap = lambda f: jax.jit(jax.shard_map(f, mesh=MESH, in_specs=(P(), P("x")), out_specs=P()))
+    for mode in ("grad", "hvp"):
+        PB.assert_close(MODES[mode](wrap(ours)), MODES[mode](wrap(ref)), 1e-12, mode)
