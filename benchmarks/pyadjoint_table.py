@@ -45,7 +45,15 @@ import pyadjoint as pa  # noqa: E402
 from pyadjoint_vec import DiskPackage, Vec, evolve, inner, matvec, react  # noqa: E402
 
 import retrograde.pyadjoint as rp  # noqa: E402
-from retrograde.schedules import Level, MultiLevel, Online, RecomputeAll, Revolve, StoreAll  # noqa: E402
+from retrograde.schedules import (  # noqa: E402
+    Level,
+    Mixed,
+    MultiLevel,
+    Online,
+    RecomputeAll,
+    Revolve,
+    StoreAll,
+)
 
 DOC = ROOT / "docs" / "pyadjoint.md"
 START, END = "<!-- pyadjoint-table:start -->", "<!-- pyadjoint-table:end -->"
@@ -129,6 +137,7 @@ def retrograde_schedules():
             disk,
             N,
         ),
+        ("Mixed(2)`, `n_steps=9", Mixed(2), N),
     ]
     return [
         (

@@ -1,13 +1,14 @@
-"""Mixed schedules (``Linearize``/``Reverse`` actions) owned by the tests, until
-``schedules.Mixed(snapshots, data_size)`` is merged: :func:`mixed_schedules` is the one place
-the drivers' mixed tests take their schedules from, so that ``Mixed(s, d)`` replaces them here.
+"""The mixed schedules (``Linearize``/``Reverse`` actions) the drivers are tested with:
+:func:`mixed_schedules` is the one place the drivers' mixed tests take them from.
 
-- :class:`LinearizeAll`: store ``u_0``; keep the data of every step (the last one recorded, or
-  also linearized) each in its own slot; reverse the others from their data.
-- :class:`SplitLeaves`: states at ``0`` and ``N // 2``; each half is a *leaf* reversed from data
-  (restore its first state, linearize its steps, reverse them); the last half is linearized in the
-  first sweep (``forward_leaf``) or recorded step ``N - 1`` first, as Revolve does. Data on the
-  states' level or on a second level.
+They are ``schedules.Mixed(s, d)`` for several budgets and data sizes, and two of the tests' own
+for what ``Mixed`` never does:
+
+- :class:`LinearizeAll`: store ``u_0``, linearize *every* step (the last one too) each into its
+  own slot, reverse them all from their data: a stream with no ``Record`` at all, whose first
+  sweep ends at ``u_N`` (``Mixed`` always records the last step of a leaf);
+- :class:`SplitLeaves`: states at ``0`` and ``N // 2``, each half a leaf reversed from data on a
+  *second level*, here on disk (``Mixed`` has one level: its data slots follow its state slots).
 
 Every test checks its schedules with ``simulate`` first (``test_schedules_are_valid``).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from fractions import Fraction
 
 from retrograde.schedules import (
     Action,
@@ -24,6 +26,7 @@ from retrograde.schedules import (
     Free,
     Level,
     Linearize,
+    Mixed,
     OfflineSchedule,
     Record,
     Restore,
@@ -32,51 +35,55 @@ from retrograde.schedules import (
     Store,
 )
 
-__all__ = ["LinearizeAll", "SplitLeaves", "mixed_schedules", "sweep_counts", "SweepCounts"]
+__all__ = [
+    "LinearizeAll",
+    "OverBudget",
+    "SplitLeaves",
+    "mixed_schedules",
+    "sweep_counts",
+    "SweepCounts",
+]
 
 
 @dataclasses.dataclass(frozen=True)
 class LinearizeAll(OfflineSchedule):
-    """``Store(0)``, ``Linearize(k)`` into slot ``k + 1`` for every step (but the last when
-    ``record_last``, which is then recorded), ``Reverse`` the rest: no recomputation at all."""
-
-    record_last: bool = True
+    """``Store(0)``, ``Linearize(k)`` into slot ``k + 1`` for every step, ``Reverse`` them all:
+    no recomputation and no ``Record``."""
 
     def actions(self, n_steps: int) -> Iterator[Action]:
         if n_steps:
             yield Store(0, 0)
-            last = n_steps - 1 if self.record_last else n_steps
-            for k in range(last):
+            for k in range(n_steps):
                 yield Linearize(k, k + 1)
-            if self.record_last:
-                yield Record(n_steps - 1)
-            for k in reversed(range(last)):
+            for k in reversed(range(n_steps)):
                 yield Reverse(k, k + 1)
                 yield Free(k, k + 1)
             yield Free(0, 0)
         yield End()
 
 
+class OverBudget(LinearizeAll):
+    """:class:`LinearizeAll` with data of 2 states and a budget of 3 states: its second
+    ``Linearize`` holds ``1 + 2 * 2 = 5`` states (the simulator of ``for_schedule`` refuses it)."""
+
+    data_size = Fraction(2)
+    memory_budget = Fraction(3)
+
+
 @dataclasses.dataclass(frozen=True)
 class SplitLeaves(OfflineSchedule):
-    """States ``u_0`` and ``u_h`` (``h = N // 2``) in slots 0 and 1 of level 0; each segment
-    between them reversed as a leaf: restore its first state, ``Linearize`` its steps, ``Reverse``
-    them. ``forward_leaf``: the first sweep linearizes the last segment ``[h, N)`` (ending at
-    ``u_N``, no ``Record``); else it advances to ``u_{N-1}``, records it, and the leaves follow.
-    ``data_level``: the level of the data slots (1: a second level)."""
+    """States ``u_0`` and ``u_h`` (``h = N // 2``) in slots 0 and 1 of level 0; the first sweep
+    advances to ``u_{N-1}`` and records it; then each segment between them is reversed as a leaf
+    (restore its first state, ``Linearize`` its steps into slots of level 1, ``Reverse`` them).
+    Level 1 is on ``data_storage`` (in ``directory`` for a disk)."""
 
-    forward_leaf: bool = False
-    data_level: int = 0
-    data_storage: str = "device"
+    data_storage: str = "disk"
     directory: str | None = None
 
     @property
     def levels(self) -> tuple[Level, ...]:
-        states = Level(None, name="memory")
-        if self.data_level == 0:
-            return (states,)
         data = Level(None, name="data", storage=self.data_storage, directory=self.directory)
-        return (states, data)
+        return (Level(None, name="memory"), data)
 
     def actions(self, n_steps: int) -> Iterator[Action]:
         N = n_steps
@@ -85,52 +92,39 @@ class SplitLeaves(OfflineSchedule):
             return
         h = N // 2
         starts = [0] + ([h] if 0 < h < N - 1 else [])
-        lvl = self.data_level
-        first = 2 if lvl == 0 else 0  # the first data slot
-        # first sweep
-        last = N if self.forward_leaf else N - 1  # the end of the last leaf
-        for i, b in enumerate(starts):
+        segments = [(b, (starts + [N - 1])[i + 1]) for i, b in enumerate(starts)]
+        for i, (b, e) in enumerate(segments):  # the first sweep
             yield Store(b, i)
-            stop = starts[i + 1] if i + 1 < len(starts) else last
-            if i + 1 < len(starts) or not self.forward_leaf:
-                if stop > b:
-                    yield Advance(b, stop)
-        segments = [
-            (b, starts[i + 1] if i + 1 < len(starts) else last) for i, b in enumerate(starts)
-        ]
-        if self.forward_leaf:
-            b, e = segments[-1]
-            for k in range(b, e):
-                yield Linearize(k, first + k - b, lvl)
-        else:
-            yield Record(N - 1)
+            if e > b:
+                yield Advance(b, e)
+        yield Record(N - 1)
         for i in reversed(range(len(segments))):
             b, e = segments[i]
-            if not (self.forward_leaf and i == len(segments) - 1):
-                if e > b:
-                    yield Restore(b, i)
-                for k in range(b, e):
-                    yield Linearize(k, first + k - b, lvl)
+            if e > b:
+                yield Restore(b, i)
+            for k in range(b, e):
+                yield Linearize(k, k - b, 1)
             for k in reversed(range(b, e)):
-                yield Reverse(k, first + k - b, lvl)
-                yield Free(k, first + k - b, lvl)
+                yield Reverse(k, k - b, 1)
+                yield Free(k, k - b, 1)
             yield Free(b, i)
         yield End()
 
 
 def mixed_schedules(directory: str | None = None) -> list[tuple[str, OfflineSchedule]]:
-    """The mixed schedules the drivers are tested with, as ``(id, schedule)``; ``directory``:
-    where a schedule whose data level is on disk writes (``None``: the system's temporary
-    directory). When ``schedules.Mixed`` is merged, its instances go here."""
+    """The mixed schedules the drivers are tested with, as ``(id, schedule)``: ``Mixed`` with
+    data of one state (``Mixed(1)``: leaves of two steps; ``Mixed(20)``: one leaf, every step but
+    the last reversed from data), of half a state and of two (dynamic program), then the tests'
+    own (:class:`LinearizeAll`, and :class:`SplitLeaves` last, writing its data level in
+    ``directory``; ``None``: the system's temporary directory)."""
     return [
+        ("Mixed1", Mixed(1)),
+        ("Mixed3", Mixed(3)),
+        ("Mixed20", Mixed(20)),
+        ("Mixed3-half", Mixed(3, 0.5)),
+        ("Mixed5-2", Mixed(5, 2)),
         ("LinearizeAll", LinearizeAll()),
-        ("LinearizeAllSteps", LinearizeAll(record_last=False)),
-        ("SplitLeaves", SplitLeaves()),
-        ("SplitLeavesForward", SplitLeaves(forward_leaf=True)),
-        (
-            "SplitLeavesDataOnDisk",
-            SplitLeaves(data_level=1, data_storage="disk", directory=directory),
-        ),
+        ("SplitLeavesDataOnDisk", SplitLeaves(directory=directory)),
     ]
 
 
@@ -149,7 +143,7 @@ class SweepCounts:
 def sweep_counts(schedule: OfflineSchedule, n_steps: int) -> tuple[SweepCounts, SweepCounts]:
     """The counts of the first sweep (the actions before the first ``Record``, ``Reverse`` or
     ``End``) and of the reverse part (the rest), each executed by the simulator."""
-    sim = Simulator(schedule.levels, n_steps)
+    sim = Simulator.for_schedule(schedule, n_steps)
     parts: list[SweepCounts] = []
     before = (0, 0, 0, 0)
     first = True

@@ -4,12 +4,15 @@ step's data in a slot, ``Reverse`` runs its adjoint from it).
 References: the loss and gradient through ``jax.lax.scan`` (unbounded memory) for the JAX step,
 whose ``linearize``/``vjp_from`` are derived from ``jax.vjp``; finite differences and the
 ``StoreAll`` adjoint for the NumPy step with a hand-written ``linearize``/``vjp_from``. The
-schedules are the tests' own (``tests/_mixed_schedules.py``), each checked by ``simulate``.
+schedules are ``schedules.Mixed(s, d)`` for several budgets and data sizes (and from the JAX
+step's measured data bytes, ``Mixed.from_bytes``), and two of the tests' own for what ``Mixed``
+never does (``tests/_mixed_schedules.py``), each checked by ``simulate``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +23,7 @@ import retrograde.host as rh
 from retrograde import schedules as rs
 
 from .._compare import assert_close
-from .._mixed_schedules import mixed_schedules, sweep_counts
+from .._mixed_schedules import OverBudget, mixed_schedules, sweep_counts
 from . import _host_problems as P
 
 N = 12
@@ -251,8 +254,8 @@ def test_handle_reversed_twice(schedule, kind, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("schedule", SCHEDS[:3], ids=IDS[:3])
-def test_hvp(schedule):
+@pytest.mark.parametrize("name", ["Mixed3", "Mixed5-2"])
+def test_hvp(name):
     """The Hessian-vector product (forward over reverse: the tangent-augmented JAX step, its
     data derived as for any JAX step) against ``jax.jvp(jax.grad)`` through ``lax.scan``."""
     s0 = jax.tree_util.tree_map(jnp.asarray, P.state0())
@@ -264,9 +267,85 @@ def test_hvp(schedule):
         return P.jax_reference_J(q, s, N)
 
     _, hp = jax.jvp(lambda q: jax.grad(f)(q, s0), (p,), (pd,))
+    schedule = dict(SCHEDULES)[name]
     r = rh.hvp(P.jax_step, P.JAX_LOSS, P.state0(), P.params0(), N, pd, schedule=schedule)
     assert_close(r.hvp.params, hp, 1e-11, "hvp")
     assert_close(r.grad.params, jax.grad(f)(p, s0), 1e-12, "grad")
+
+
+# ---------------------------------------------------------------- Mixed's memory budget
+def _final_only_reference(n_steps):
+    """``J = final(u_N)`` and its gradient through ``jax.lax.scan`` (unbounded memory)."""
+    s0 = jax.tree_util.tree_map(jnp.asarray, P.state0())
+    p = jax.tree_util.tree_map(jnp.asarray, P.params0())
+
+    def J(q, s):
+        def body(u, n):
+            return P.jax_step(n, u, q), None
+
+        return P.JAX_LOSS[1].f(n_steps, jax.lax.scan(body, s, jnp.arange(n_steps))[0], q)
+
+    value, (gp, gs) = jax.value_and_grad(J, argnums=(0, 1))(p, s0)
+    return float(value), gp, gs
+
+
+def test_from_bytes_with_the_measured_data():
+    """``Mixed.from_bytes`` with the JAX step's data bytes as the driver measures them (one
+    ``Linearize``: ``counts.data_bytes``) and a budget of 2 states and 2 steps' data: the
+    gradient through ``lax.scan``'s; the bytes held stay within the schedule's slots; the
+    simulator (``Simulator.for_schedule``) keeps the weighted memory within the budget."""
+    with rh.forward(P.jax_step, P.state0(), P.params0(), 2, schedule=rs.Mixed(1)) as fp:
+        data_bytes = fp.counts.data_bytes[0]  # step 0's residuals
+        assert fp.counts.linearized == 1
+    state_bytes = 2 * P.M * 8  # u and memo, float64
+    budget = 2 * state_bytes + 2 * data_bytes
+    schedule = rs.Mixed.from_bytes(budget, state_bytes, data_bytes)
+    assert schedule.data_size == Fraction(data_bytes, state_bytes) > 1  # residuals: u, sin, ...
+    st = rs.simulate(schedule, N)
+    assert st.reversed > 0 and st.peak_memory[0] * state_bytes <= budget
+    J_ref, gp, gs = _final_only_reference(N)
+    with rh.forward(
+        P.jax_step, P.state0(), P.params0(), N, schedule=schedule, loss=P.JAX_LOSS[1]
+    ) as fp:
+        g = fp.vjp(keep=False)  # frees the first sweep's slots as the schedule does
+        c = fp.counts
+    np.testing.assert_allclose(fp.value, J_ref, rtol=1e-13)
+    assert_close(g.params, gp, 1e-12, "params")
+    assert_close(g.state0, gs, 1e-12, "state0")
+    assert (c.linearized, c.reversed) == (st.linearized, st.reversed)
+    assert c.state_bytes[0] <= schedule.state_slots * state_bytes
+    assert 0 < c.data_bytes[0] <= schedule.data_slots * data_bytes
+
+
+def test_data_larger_than_the_budget_is_revolve():
+    """``Mixed(2, data_size=3)``: no data slot fits, so it is ``Revolve(2)`` (no ``Linearize``:
+    a Step without ``linearize`` runs it), with Revolve's counts and the StoreAll gradient."""
+    s0, p = P.state0(), P.params0()
+    J_ref, g_ref = rh.value_and_grad(P.NP_STEP, P.NP_LOSS, s0, p, N, schedule=rs.StoreAll())
+    with rh.forward(P.NP_STEP, s0, p, N, schedule=rs.Mixed(2, 3), loss=P.NP_LOSS) as fp:
+        g = fp.vjp()
+        c = fp.counts
+    revolve = rs.simulate(rs.Revolve(2), N)
+    assert (c.plain - 1, c.recorded, c.linearized, c.reversed) == (revolve.plain, N, 0, 0)
+    np.testing.assert_allclose(fp.value, J_ref, rtol=1e-13)
+    assert_close(g, g_ref, 1e-12, "StoreAll")
+
+
+def test_over_the_memory_budget(tmp_path):
+    """A schedule whose weighted memory exceeds its ``memory_budget`` stops at the action that
+    would exceed it (the driver's simulator is the schedule's, ``Simulator.for_schedule``), and
+    leaves no file behind."""
+    with pytest.raises(rs.ScheduleError, match=r"over the memory budget of 3"):
+        rh.value_and_grad(
+            MIXED_STEP,
+            P.NP_LOSS,
+            P.state0(),
+            P.params0(),
+            N,
+            schedule=OverBudget(),
+            storage=rh.Disk(tmp_path),
+        )
+    assert list(tmp_path.iterdir()) == []
 
 
 # ---------------------------------------------------------------- errors
@@ -293,7 +372,7 @@ def test_errors(tmp_path):
     with pytest.raises(TypeError, match=r"Step\(vjp_from=...\) must be callable"):
         rh.Step(P.np_forward, P.np_vjp, linearize=np_linearize, vjp_from=3)
     s0, p = P.state0(), P.params0()
-    schedule = dict(SCHEDULES)["LinearizeAll"]
+    schedule = dict(SCHEDULES)["Mixed20"]  # Linearize(0 .. N - 2), Record(N - 1), Reverse(N - 2) ..
     with pytest.raises(ValueError, match=r"this Step has no linearize; pass Step\(forward, vjp, "):
         rh.value_and_grad(
             P.NP_STEP, P.NP_LOSS, s0, p, N, schedule=schedule, storage=rh.Disk(tmp_path)

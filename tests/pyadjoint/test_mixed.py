@@ -4,7 +4,8 @@ References: pyadjoint's unchecked tape (every value kept), in float64, to 1e-12;
 ``_models.py`` (the long-range loop on ``AdjFloat``, the Firedrake-like ``Vec`` loop with
 delegated checkpoints, in-place recompute, multistep reads, a solve whose adjoint reads its
 output, a parameter assigned mid-run); block recomputations counted in the blocks against the
-simulator. The schedules are the tests' own (``tests/_mixed_schedules.py``).
+simulator. The schedules are ``schedules.Mixed(s, d)`` for several budgets and data sizes, and
+two of the tests' own for what ``Mixed`` never does (``tests/_mixed_schedules.py``).
 """
 
 from __future__ import annotations
@@ -16,9 +17,18 @@ import pyadjoint as pa
 import pytest
 
 import retrograde.pyadjoint as rp
-from retrograde.schedules import Advance, Linearize, Record, Reverse, simulate
+from retrograde.schedules import (
+    Advance,
+    Linearize,
+    Mixed,
+    Record,
+    Reverse,
+    Revolve,
+    ScheduleError,
+    simulate,
+)
 
-from .._mixed_schedules import mixed_schedules, sweep_counts
+from .._mixed_schedules import OverBudget, mixed_schedules, sweep_counts
 from ._models import (
     RECOMPUTES,
     DiskPackage,
@@ -156,7 +166,7 @@ def test_only_the_values_read_are_kept():
     """After the first derivative, a step's data are its blocks' dependencies made on the tape
     and the outputs their adjoints read (the solve's, which linearises at its output), not the
     other outputs; a tangent sweep keeps every output, with its tangent."""
-    schedule = dict(SCHEDULES)["LinearizeAll"]
+    schedule = dict(SCHEDULES)["Mixed20"]  # one leaf: steps 0 .. N - 2 reversed from data
     tape = pa.Tape()
     with pa.set_working_tape(tape):
         manager = rp.enable_checkpointing(schedule, n_steps=N)
@@ -201,7 +211,7 @@ def test_only_the_values_read_are_kept():
 
 def test_missing_data_is_an_error_naming_step_and_variable():
     """A step's data that lacks a value its adjoint reads: MissingValueError, never a live read."""
-    schedule = dict(SCHEDULES)["LinearizeAll"]
+    schedule = dict(SCHEDULES)["Mixed20"]
     tape = pa.Tape()
     with pa.set_working_tape(tape):
         manager = rp.enable_checkpointing(schedule, n_steps=N)
@@ -228,6 +238,30 @@ def test_data_on_disk(tmp_path):
     del manager, tape
     gc.collect()
     assert not any(p.is_dir() and any(p.iterdir()) for p in tmp_path.iterdir())
+
+
+def test_data_larger_than_the_budget_is_revolve(references):
+    """``Mixed(2, data_size=3)``: no data slot fits; it runs as ``Revolve(2)`` (the same block
+    recomputations, nothing linearized) and its derivatives are the unchecked tape's."""
+    got, manager, _ = derivatives(vec_loop, Mixed(2, 3), N)
+    np.testing.assert_allclose(got, references["vec"], rtol=1e-12)
+    _, revolve, _ = derivatives(vec_loop, Revolve(2), N)
+    assert manager.counts.linearized == manager.counts.reversed == 0
+    assert (manager.counts.steps, manager.counts.recorded) == (
+        revolve.counts.steps,
+        revolve.counts.recorded,
+    )
+
+
+def test_over_the_memory_budget():
+    """A schedule whose weighted memory exceeds its ``memory_budget`` stops while taping, at the
+    action that would exceed it (the manager's simulator is the schedule's)."""
+    tape = pa.Tape()
+    with pa.set_working_tape(tape):
+        rp.enable_checkpointing(OverBudget(), n_steps=N)
+        p = pa.AdjFloat(0.7)
+        with pytest.raises(ScheduleError, match=r"over the memory budget of 3"):
+            vec_loop(p, tape)
 
 
 def test_needs_n_steps():

@@ -8,8 +8,10 @@ the first sweep's snapshots stay until :meth:`ForwardPass.close`.
 
 A :class:`_Sweep` executes the actions of one sweep: it holds the state at hand and the slots,
 and has one method per action kind (a :class:`~retrograde.schedules.Executor`). Every action is
-first executed by the simulator (:class:`~retrograde.schedules.Simulator`), so that the
-driver runs only actions proven valid: the state it needs is at hand or in the slot it names.
+first executed by the simulator (``Simulator.for_schedule``: the schedule's levels, and for a
+mixed schedule its data size and weighted memory budget), so that the driver runs only actions
+proven valid: the state it needs is at hand or in the slot it names, and the slots held stay
+within the schedule's budget.
 
 Mixed schedules: ``Linearize(n, slot, level)`` evaluates step ``n`` with the step's
 ``linearize`` (for a JAX step, ``jax.vjp``: the data are the residuals its function holds) and
@@ -443,7 +445,7 @@ class ForwardPass:
 
     def _run_forward(self, state, n_steps, until):
         n_steps, online = self._check_length(n_steps, until)
-        check = _Checker(self._levels, None if online else n_steps)
+        check = _Checker.for_schedule(self._schedule, None if online else n_steps)
         m = _Sweep(self, self._persistent, check)
         m.state = state
         del state

@@ -20,7 +20,8 @@ rest of the schedule from those snapshots: ``evaluate_adj`` (``Record(n)``: reco
 recompute with tangents, then adjoint and second-order adjoint per block). A reverse part
 releases each snapshot when the schedule frees it, so memory is the schedule's; a derivative
 taken again without re-evaluating first runs a new first sweep at the same controls. Every action
-is executed by a :class:`~retrograde.schedules.Simulator` before it runs: the taping sweep's and
+is executed by the schedule's :class:`~retrograde.schedules.Simulator` (``Simulator.for_schedule``,
+which also checks a mixed schedule's weighted memory budget) before it runs: the taping sweep's and
 its reverse part's one by one, those of every later sweep once, when the taping ends (a
 :class:`_Plan` for the count taped, replayed by each sweep). So the counts are those of
 :func:`~retrograde.schedules.simulate`: a first sweep costs ``N`` step evaluations, a reverse
@@ -210,7 +211,7 @@ class CheckpointManager:
         # taping
         self.taping = True
         self._online = isinstance(schedule, OnlineSchedule) or self.n_given is None
-        self._check = Simulator(self.levels, None if self._online else self.n_given)
+        self._check = Simulator.for_schedule(schedule, None if self._online else self.n_given)
         if self._online:
             self._run = (
                 schedule.start() if isinstance(schedule, OnlineSchedule) else _taping_run(schedule)
@@ -394,7 +395,7 @@ class CheckpointManager:
         self._reading = None
         self._stream = self._run = None
         self._checked = self._check
-        self._cached_plan = plan = _plan_for(schedule=self.schedule, levels=self.levels, n_steps=N)
+        self._cached_plan = plan = _plan_for(self.schedule, N)
         self.mixed = any(type(a) is Linearize for a in (*plan.forward, *plan.reverse))
         self._after_taping = True
         self._consumed = False
@@ -556,12 +557,13 @@ class _Plan(NamedTuple):
     hand: int
 
 
-def _plan_for(schedule: Schedule, levels, n_steps: int) -> _Plan:
-    """Every action of ``schedule`` for ``n_steps`` steps, executed once by a
-    :class:`~retrograde.schedules.Simulator` (so each sweep replays actions proven valid, without
-    checking them again) and split where the first sweep ends. Memory: the actions, ``O(N)`` for
+def _plan_for(schedule: Schedule, n_steps: int) -> _Plan:
+    """Every action of ``schedule`` for ``n_steps`` steps, executed once by the schedule's
+    :class:`~retrograde.schedules.Simulator` (``Simulator.for_schedule``: its levels, data size
+    and weighted memory budget; so each sweep replays actions proven valid, without checking them
+    again) and split where the first sweep ends. Memory: the actions, ``O(N)`` for
     the schedules here, as the tape itself."""
-    check = Simulator(levels, n_steps)
+    check = Simulator.for_schedule(schedule, n_steps)
     forward: list = []
     reverse: list = []
     hand = None
