@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import Mesh
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import retrograde
@@ -134,3 +134,51 @@ def test_carry_that_becomes_varying_is_a_type_error_naming_the_axes():
         jax.jit(f)(THETA, U0)
     msg = str(info.value)
     assert "c[0]" in msg and "pcast" in msg and "varying mesh axes differ" in msg, msg
+
+
+def test_while_loop_steps_a_different_count_on_each_device():
+    """A step without collectives may run a different number of steps on each device (the
+    predicate reads ``axis_index``): each device reverses its own steps. Reference: a
+    ``jax.lax.fori_loop`` over the largest count that steps only while the device's count lasts
+    (docs/distributed.md)."""
+    step = lambda u: u + 0.1 * jnp.sin(1.3 * u) + 0.05 * u**2
+
+    def count():
+        return 5 + 2 * lax.axis_index("x")
+
+    def ours(u0):
+        c = retrograde.while_loop(
+            lambda c: c[0] < count(), lambda c: (c[0] + 1, step(c[1])), (0, u0), schedule=Online(3)
+        )
+        return lax.psum(jnp.sum(c[1] ** 2), "x")
+
+    def ref(u0):
+        u = lax.fori_loop(
+            0, 5 + 2 * (DEVICES - 1), lambda i, u: jnp.where(i < count(), step(u), u), u0
+        )
+        return lax.psum(jnp.sum(u**2), "x")
+
+    def grad(loss):
+        f = jax.shard_map(loss, mesh=MESH, in_specs=P("x"), out_specs=P())
+        return jax.jit(jax.value_and_grad(f))(U0)
+
+    PB.assert_close(grad(ours), grad(ref), 1e-12, "per-device step counts")
+
+
+def test_explicit_mesh_inside_shard_map():
+    """A mesh with explicit axes (``jax.make_mesh``'s default) inside ``shard_map``, the input
+    placed on it: the gradient of ``jax.lax.scan``, sharded as the input (docs/distributed.md)."""
+    mesh = jax.make_mesh(
+        (DEVICES,), ("x",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:DEVICES]
+    )
+
+    def grad(schedule):
+        def loss(u0):
+            return lax.psum(jnp.sum(_run("scan", _step(THETA), u0, schedule) ** 2), "x")
+
+        f = jax.shard_map(loss, mesh=mesh, in_specs=P("x"), out_specs=P())
+        return jax.jit(jax.grad(f))(jax.device_put(U0, NamedSharding(mesh, P("x"))))
+
+    got = grad(Revolve(3))
+    PB.assert_close(got, grad("lax"), 1e-12, "explicit mesh")
+    assert got.sharding.spec == P("x"), got.sharding
