@@ -5,13 +5,17 @@
   ``jax.checkpoint``);
 - :func:`prepare`, :func:`time_round_robin`: compile and warm up, then time several compiled
   functions taking turns, so that load from other processes slows all of them alike;
-- :func:`print_table`: a table as aligned text or as markdown.
+- :func:`temp_bytes`, :func:`largest_fitting`: XLA's temporary memory of a compiled function,
+  and the most snapshots that fit a budget of it;
+- :func:`print_table`: a table as aligned text or as markdown;
+- :func:`write_between_markers`: put a generated block into a document between two markers.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import jax
 
@@ -45,6 +49,31 @@ def prepare(fn, *args):
     temp = compiled.memory_analysis().temp_size_in_bytes
     out = jax.block_until_ready(compiled(*args))
     return compiled, out, compile_s, temp
+
+
+def temp_bytes(fn, args) -> int:
+    """XLA's ``temp_size_in_bytes`` of ``jax.jit(fn)`` compiled for ``args``: one device's, for a
+    program partitioned over several devices (``shard_map``, sharded inputs)."""
+    return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def largest_fitting(make, args, budget: int, carry_bytes: int) -> int:
+    """The largest ``s`` whose compiled ``make(s)`` has temp memory <= ``budget`` bytes: a guess
+    from the memory at ``s = 16`` (one carry of ``carry_bytes`` per slot), then one slot at a
+    time."""
+
+    def temp(s):
+        return temp_bytes(make(s), args)
+
+    base = temp(16) - 16 * carry_bytes
+    s = max(1, int((budget - base) // carry_bytes))
+    if temp(s) <= budget:
+        while temp(s + 1) <= budget:
+            s += 1
+        return s
+    while s > 1 and temp(s - 1) > budget:
+        s -= 1
+    return max(s - 1, 1)
 
 
 def time_round_robin(compiled, args, repeats, clock=time.perf_counter, min_time=0.0):
@@ -86,3 +115,14 @@ def print_table(title, header, rows, markdown, left=1):
                     for i, (c, w) in enumerate(zip(line, widths))
                 )
             )
+
+
+def write_between_markers(path: Path, start: str, end: str, block: str) -> None:
+    """Replace what lies between the lines ``start`` and ``end`` of ``path`` by ``block`` (the
+    markers are appended to the file first if it lacks them)."""
+    text = path.read_text() if path.exists() else ""
+    if start not in text or end not in text:
+        text = text.rstrip("\n") + ("\n\n" if text.strip() else "") + f"{start}\n{end}\n"
+    head, rest = text.split(start, 1)
+    tail = rest.split(end, 1)[1]
+    path.write_text(f"{head}{start}\n{block.rstrip(chr(10))}\n{end}{tail}")

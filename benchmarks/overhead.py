@@ -66,7 +66,15 @@ import numpy as np  # noqa: E402
 import retrograde  # noqa: E402
 from retrograde.schedules import Online, Revolve, StoreAll  # noqa: E402
 
-from _common import nested_remat, nested_shape, prepare, print_table, time_round_robin  # noqa: E402
+from _common import (  # noqa: E402
+    largest_fitting,
+    nested_remat,
+    nested_shape,
+    prepare,
+    print_table,
+    temp_bytes,
+    time_round_robin,
+)
 
 CASES = ("vmap", "long", "while", "hvp", "diffrax", "compile")
 MiB = 2**20
@@ -239,8 +247,8 @@ def case_long(repeats, markdown, large=False):
 
     args = (jnp.float32(0.7), jnp.asarray(np.linspace(-2.0, 2.0, carry, dtype=np.float32)))
     nested_name = "nested remat ({} x {})".format(*nested_shape(n))
-    s_mem = _largest_fitting(
-        lambda s: jax.grad(retro(Revolve(s))), args, _temp(jax.grad(nested_loss), args), cb
+    s_mem = largest_fitting(
+        lambda s: jax.grad(retro(Revolve(s))), args, temp_bytes(jax.grad(nested_loss), args), cb
     )
     fns = {
         "lax.scan": jax.grad(lax_loss),
@@ -282,28 +290,6 @@ def case_long(repeats, markdown, large=False):
             f"temp {res['retrograde Revolve(16)'].temp / MiB:.3f} vs {rn.temp / MiB:.3f} MiB",
         ),
     ]
-
-
-def _temp(fn, args) -> int:
-    return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
-
-
-def _largest_fitting(make, args, budget, carry_bytes):
-    """The largest ``s`` whose compiled ``make(s)`` has temp memory <= ``budget`` bytes: a guess
-    from the memory at ``s = 16`` (one carry per slot), then one slot at a time."""
-
-    def temp(s):
-        return _temp(make(s), args)
-
-    base = temp(16) - 16 * carry_bytes
-    s = max(1, int((budget - base) // carry_bytes))
-    if temp(s) <= budget:
-        while temp(s + 1) <= budget:
-            s += 1
-        return s
-    while s > 1 and temp(s - 1) > budget:
-        s -= 1
-    return max(s - 1, 1)
 
 
 # ------------------------------------------------------------------------------ while

@@ -55,6 +55,8 @@ from retrograde.schedules import (  # noqa: E402
     StoreAll,
 )
 
+from _common import write_between_markers  # noqa: E402
+
 DOC = ROOT / "docs" / "pyadjoint.md"
 START, END = "<!-- pyadjoint-table:start -->", "<!-- pyadjoint-table:end -->"
 M0, M1, N, TOL = 0.7, 1.3, 9, 1e-6
@@ -218,16 +220,6 @@ def table(loop, title):
     return "\n".join(lines)
 
 
-def write(section: str) -> None:
-    """Put ``section`` between the markers of docs/pyadjoint.md (markers added if missing)."""
-    text = DOC.read_text() if DOC.exists() else ""
-    if START not in text or END not in text:
-        text = text.rstrip("\n") + ("\n\n" if text.strip() else "") + f"{START}\n{END}\n"
-    head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    DOC.write_text(f"{head}{START}\n{section}\n{END}{tail}")
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--print", action="store_true", help="print the table, do not write the doc")
@@ -252,7 +244,7 @@ def main() -> None:
     tmp.cleanup()
     print(section)
     if not (args.print or args.quick):
-        write(section)
+        write_between_markers(DOC, START, END, section)
         print(f"\nwritten into {DOC.relative_to(ROOT)}")
 
 

@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from _common import write_between_markers
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 README = ROOT / "README.md"
@@ -278,30 +280,18 @@ def render(
 
 def write_doc(block: str) -> None:
     DOC.parent.mkdir(exist_ok=True)
-    if DOC.exists():
-        text = DOC.read_text()
-    else:
-        text = (
+    if not DOC.exists():
+        DOC.write_text(
             "# Benchmarks\n\nMemory and time of retrograde against `jax.lax.scan`, nested "
-            "remat, equinox's checkpointed scan, diffrax's adjoints and pyrevolve.\n\n"
-            f"{START}\n{END}\n"
+            "remat, equinox's checkpointed scan, diffrax's adjoints and pyrevolve.\n"
         )
-    if START not in text or END not in text:
-        text = text.rstrip() + f"\n\n{START}\n{END}\n"
-    DOC.write_text(_between_markers(text, block))
+    write_between_markers(DOC, START, END, block)
     # The README carries the summary (everything before the per-benchmark sections).
     summary = block.split("\n### ", 2)
     summary = summary[0] + ("\n### " + summary[1] if len(summary) > 1 else "")
     readme = README.read_text()
     if START in readme and END in readme:
-        README.write_text(_between_markers(readme, summary.rstrip() + "\n"))
-
-
-def _between_markers(text: str, block: str) -> str:
-    """``text`` with the part between START and END replaced by ``block``."""
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{block}{END}{tail}"
+        write_between_markers(README, START, END, summary)
 
 
 def main(argv=None) -> int:

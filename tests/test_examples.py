@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ["scan_basics.py", "while_loop.py", "higher_order.py", "planner.py", "pyadjoint_heat.py"]
+EXAMPLES = [
+    "scan_basics.py",
+    "while_loop.py",
+    "higher_order.py",
+    "planner.py",
+    "pyadjoint_heat.py",
+    "sharded_heat.py",
+]
 TIMEOUT_S = 300
 
 

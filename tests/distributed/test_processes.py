@@ -113,7 +113,7 @@ def test_gradient_matches_reference(results, what):
 
 def test_offloaded_snapshots_are_released(results):
     """Host and disk levels in a program partitioned by ``jax.jit``: JAX runs each host callback
-    once, on device 0, with the global state (docs/distributed-processes.md): process 0 makes
+    once, on device 0, with the global state (docs/distributed.md): process 0 makes
     every transfer, of the whole state, and every store is closed at the end."""
     parsed, shown = results
     writes = [r["offload"]["writes"] for r in parsed]

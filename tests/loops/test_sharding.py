@@ -6,7 +6,7 @@ Memory is measured per device: on a program partitioned over several devices,
 ``compiled.memory_analysis()`` reports one device's buffers (a ``jax.lax.scan`` gradient over
 a sharded state stores ``N`` local pieces, not ``N`` states: checked below). Host and disk levels
 under ``jax.jit`` with a sharded state give the reference gradient; inside ``shard_map`` each
-device stores and restores its own piece (docs/distributed-processes.md).
+device stores and restores its own piece (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def _offload_grad(loss, in_manual):
 def test_host_and_disk_levels_with_a_sharded_state(tmp_path, in_manual):
     """Gradient equal to ``jax.lax.scan``'s; every store closed, no file left. Under ``jax.jit``
     JAX runs each host callback once, on device 0, with the global state (a gather before each
-    store, a scatter after each restore: docs/distributed-processes.md); inside ``shard_map``
+    store, a scatter after each restore: docs/distributed.md); inside ``shard_map``
     each device stores and restores its own piece (one store per device)."""
     schedule = _levels(tmp_path)
     sharding = NamedSharding(_mesh(OFFLOAD_DEVICES), PartitionSpec("x"))
