@@ -713,6 +713,28 @@ def test_structure_keys():
     assert _key(lambda v: jax.nn.relu(v), u) is None  # a custom_jvp function
 
 
+def test_param_values():
+    """Parameters by value; a sentinel (no state, equal only to itself) as itself; a function or
+    a stateful object equal only to itself not at all."""
+    v = _intern.param_value
+
+    class Sentinel:
+        pass
+
+    class Stateful:
+        def __init__(self):
+            self.n = 0
+
+    one, two = Sentinel(), Sentinel()
+    assert v((1, 2.0, "a", np.float64(3.0))) == v((1, 2.0, "a", np.float64(3.0)))
+    assert v(0.0) != v(-0.0) and v(1) != v(True) and v((1,)) != v([1])
+    assert v(np.arange(3)) != v(np.arange(3.0)) and v(np.arange(3)) == v(np.arange(3))
+    assert v(one) == v(one) and v(one) != v(two)
+    for bad in (Stateful(), lambda: 0, jnp.sin, jax.random.key(0)):
+        with pytest.raises(_intern.NotInternable):
+            v(bad)
+
+
 def test_intern_table_is_bounded():
     table = _intern.InternTable(maxsize=2)
     for k in range(3):

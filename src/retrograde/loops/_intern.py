@@ -93,11 +93,12 @@ def param_value(x) -> Hashable:
     scalars by type and value (floats bit for bit), containers element by element, jaxprs by
     :func:`jaxpr_key` (a closed jaxpr's constants by value), arrays by dtype, shape and bytes.
     JAX's interned types (abstract values, equation contexts), enum members, classes and bodies
-    (immutable programs, held by the key) stand for themselves; an object of a class without
-    instance state counts as its class. Another object counts as itself if its class defines
-    equality and hashing (meshes, shardings, ...). Raises :class:`NotInternable` for a function
-    (a callable, or a ``WrappedFun`` such as ``custom_jvp_call``'s ``jvp_jaxpr_fun``), a tracer,
-    or a stateful object equal only to itself."""
+    (immutable programs, held by the key) stand for themselves, as does an object without
+    instance state equal only to itself (a sentinel: the key holds it, so its identity is never
+    another object's). Another object counts as itself if its class defines equality and
+    hashing (meshes, shardings, ...). Raises :class:`NotInternable` for a function (a callable,
+    or a ``WrappedFun`` such as ``custom_jvp_call``'s ``jvp_jaxpr_fun``), a tracer, or a
+    stateful object equal only to itself."""
     t = type(x)
     if x is None or t in (bool, int, str, bytes):
         return (t, x)
@@ -126,8 +127,8 @@ def param_value(x) -> Hashable:
     if callable(x) or isinstance(x, lu.WrappedFun):
         raise NotInternable(f"a function as a parameter ({t.__name__})")
     if t.__eq__ is object.__eq__:
-        if _stateless(x):
-            return ("stateless", t)
+        if _stateless(x):  # e.g. a sentinel such as jit's UNSPECIFIED sharding
+            return ("identity", x)
         raise NotInternable(f"an object equal only to itself ({t.__name__})")
     try:
         hash(x)
@@ -151,7 +152,7 @@ _SHARDING_TYPES = (
 
 
 def _stateless(x) -> bool:
-    """Whether ``x`` holds no instance state (every instance of its class behaves alike)."""
+    """Whether ``x`` holds no instance state (nothing about it can change after tracing)."""
     if getattr(x, "__dict__", {}):
         return False
     return all(not getattr(c, "__slots__", ()) for c in type(x).__mro__ if c is not object)
