@@ -8,7 +8,9 @@ each compared against ``jax.lax`` itself:
   step's type), in the default and in the strict configurations;
 - a step returning a list ``[carry, y]``;
 - errors of the same types as ``jax.lax``'s, naming the offending carry leaf by its path;
-- the eager cache: a second un-jitted call with the same step neither traces nor compiles;
+- the eager cache: a second un-jitted call with the same step neither traces nor compiles; a
+  step re-created per call (a new closure of the same code and constant types) compiles nothing
+  again, and a step holding functions (``custom_jvp`` rules, callbacks) is never shared;
 - ``fori_loop`` with traced bounds: a reverse-differentiable ``while_loop``.
 - carry leaves without a tangent (by the JVP's fixed point) are not differentiated in the reverse
   sweep either, as in ``jax.lax``: a step may refuse a derivative with respect to them.
@@ -30,6 +32,7 @@ from jax import lax
 
 import retrograde
 from retrograde import schedules as rs
+from retrograde.loops import _intern
 from retrograde.loops._carry import step_cache
 
 from . import _problems as P
@@ -511,6 +514,7 @@ LOOPS = {
 def test_second_eager_call_neither_traces_nor_compiles(loop):
     make = LOOPS[loop]
     step_cache.clear()
+    _intern.bodies.clear()
     (first, second), outs = _twice(functools.partial(make, retrograde))
     assert first[0] >= 1 and first[1] >= 1, first  # traced and compiled once ...
     assert second == (0, 0), second  # ... and not again
@@ -562,6 +566,181 @@ def test_closures_over_tracers_are_not_reused():
     for theta in (0.5, 2.0):
         P.assert_close(jax.jit(f)(theta), jax.jit(g)(theta), RTOL)
         P.assert_close(jax.grad(f)(theta), jax.grad(g)(theta), RTOL)
+
+
+# The second level: closures created anew per call share bodies of the same structure.
+
+
+def _fresh_loss(loop, a, theta):
+    """A loss whose step is a closure created anew on each call, over an array ``a`` (a constant)
+    and ``theta`` (differentiated); ``loop`` is ``retrograde`` or ``lax``. While loops are
+    compared with ``lax.fori_loop`` (``lax.while_loop`` has no reverse mode)."""
+    u0 = jnp.linspace(0.1, 0.4, 4)
+    step = lambda u: u + 0.05 * jnp.tanh(a * u + theta * jnp.roll(u, 1))
+    if loop == "scan" or loop == "lax":
+        scan = retrograde.scan if loop == "scan" else lax.scan
+        u, ys = scan(lambda u, x: (step(u) * x, jnp.sum(u)), u0, jnp.linspace(1.0, 1.1, 12))
+        return jnp.sum(u**2) + jnp.sum(ys)
+    if loop == "fori_loop" or loop == "lax-fori":
+        fori = retrograde.fori_loop if loop == "fori_loop" else lax.fori_loop
+        return jnp.sum(fori(0, 12, lambda i, u: step(u) + 0.01 * i, u0) ** 2)
+    u = retrograde.while_loop(
+        lambda s: s[0] < 12, lambda s: (s[0] + 1, step(s[1]) + 0.01 * s[0]), (0, u0)
+    )
+    return jnp.sum(u[1] ** 2)
+
+
+FRESH_REFERENCE = {"scan": "lax", "fori_loop": "lax-fori", "while_loop": "lax-fori"}
+
+
+@pytest.mark.parametrize("loop", list(FRESH_REFERENCE))
+def test_recreated_closures_compile_once(loop):
+    """Eager ``jax.grad`` three times, each with a new closure over another array value of the
+    same type: the same gradient as ``jax.lax``'s each time (exact to 1e-14), and the second and
+    third calls share the first one's bodies and compile nothing (no XLA compilation at all)."""
+    step_cache.clear()
+    _intern.bodies.clear()
+    grad = jax.grad(functools.partial(_fresh_loss, loop), argnums=(0, 1))
+    grad_ref = jax.grad(functools.partial(_fresh_loss, FRESH_REFERENCE[loop]), argnums=(0, 1))
+    compiles, hits = [], []
+    for k in range(3):
+        a, theta = jnp.linspace(0.5, 1.0, 4) * (1 + k), jnp.float64(0.3 - 0.2 * k)
+        h0 = _intern.bodies.hits
+        with _Compiles() as c:
+            g = jax.block_until_ready(grad(a, theta))
+        compiles.append(c.n)
+        hits.append(_intern.bodies.hits - h0)
+        for x, y in zip(g, grad_ref(a, theta)):
+            np.testing.assert_allclose(x, y, rtol=1e-14, atol=0)
+    assert compiles[0] >= 1 and compiles[1:] == [0, 0], compiles
+    assert hits[0] == 0 and hits[1] >= 1 and hits[2] >= 1, hits
+
+
+def _sin_jvp(scale):
+    """``sin`` with a JVP rule ``scale * cos``: functions of equal primal jaxprs that differ
+    only in their JVP rules (a parameter that is a function)."""
+
+    @jax.custom_jvp
+    def f(u):
+        return jnp.sin(u)
+
+    f.defjvp(lambda p, t: (jnp.sin(p[0]), scale * jnp.cos(p[0]) * t[0]))
+    return f
+
+
+def _rule_loss(loop, f, theta):
+    u0 = jnp.linspace(0.1, 0.4, 3)
+    step = lambda u: u + 0.1 * f(theta * u)
+    if loop == "scan":
+        return jnp.sum(retrograde.scan(lambda u, _: (step(u), None), u0, length=6)[0])
+    if loop == "fori_loop":
+        return jnp.sum(retrograde.fori_loop(0, 6, lambda i, u: step(u), u0))
+    if loop == "while_loop":
+        return jnp.sum(
+            retrograde.while_loop(lambda s: s[0] < 6, lambda s: (s[0] + 1, step(s[1])), (0, u0))[1]
+        )
+    return jnp.sum(lax.fori_loop(0, 6, lambda i, u: step(u), u0))
+
+
+@pytest.mark.parametrize("loop", list(FRESH_REFERENCE))
+def test_custom_jvp_rules_are_not_shared(loop):
+    """Two ``custom_jvp`` functions with equal primals and different rules: neither body is
+    interned (``jvp_jaxpr_fun`` is a function), each gradient is its own rule's, as ``lax``'s."""
+    _intern.bodies.clear()
+    theta = jnp.float64(0.8)
+    grads = []
+    for scale in (1.0, 3.0):
+        f = _sin_jvp(scale)
+        g = jax.grad(functools.partial(_rule_loss, loop, f))(theta)
+        P.assert_close(g, jax.grad(functools.partial(_rule_loss, "lax", f))(theta), RTOL)
+        grads.append(g)
+    assert not np.isclose(grads[0], grads[1])
+    assert len(_intern.bodies) == 0 and _intern.bodies.hits == 0
+
+
+@pytest.mark.parametrize("loop", list(FRESH_REFERENCE))
+def test_debug_callbacks_are_not_shared(loop):
+    """Closures of equal code calling two different ``jax.debug.callback`` functions: each
+    callback sees its own loop's steps (the callback is a function: not interned)."""
+    _intern.bodies.clear()
+    seen: dict = {0: [], 1: []}
+    for k in (0, 1):
+        record = lambda n, k=k: seen[k].append(int(n))
+
+        def tap(u, n):
+            jax.debug.callback(record, n)
+            return u * 0.5
+
+        u0 = jnp.ones(2) * (k + 1)
+        if loop == "scan":
+            out = retrograde.scan(lambda c, n: (tap(c, n), None), u0, jnp.arange(3))[0]
+        elif loop == "fori_loop":
+            out = retrograde.fori_loop(0, 3, lambda i, c: tap(c, i), u0)
+        else:
+            out = retrograde.while_loop(
+                lambda s: s[0] < 3, lambda s: (s[0] + 1, tap(s[1], s[0])), (0, u0)
+            )[1]
+        np.testing.assert_array_equal(jax.block_until_ready(out), u0 * 0.125)
+    assert seen == {0: [0, 1, 2], 1: [0, 1, 2]}, seen
+    assert len(_intern.bodies) == 0
+
+
+def _key(fun, *args):
+    return _intern.structure_key(jax.make_jaxpr(fun)(*args))
+
+
+def test_structure_keys():
+    """Equal for the same code over other constant values (nested ``jit``, ``cond``, ``scan``
+    and a ``retrograde.scan`` inside), different for other constant types, other literals (bit
+    for bit: 0.0 and -0.0), other shapes; ``None`` for a step with a function as a parameter."""
+    u = jnp.ones(3)
+
+    def code(a):
+        def step(v):
+            w = jax.jit(jnp.clip)(v * a, -1, 1)
+            w = lax.cond(w[0] > 0, lambda z: z * 2, lambda z: z - a, w)
+            w = retrograde.scan(lambda c, _: (c + a, None), w, None, length=3)[0]
+            return lax.scan(lambda c, x: (c * a, x), w, a)[0]
+
+        return step
+
+    assert _key(code(jnp.ones(3)), u) == _key(code(jnp.zeros(3)), u) is not None
+    assert _key(code(jnp.ones(3)), u) != _key(code(jnp.ones(3, jnp.float32)), u)
+    assert _key(code(jnp.ones(3)), u) != _key(code(jnp.ones(4)), jnp.ones(4))
+    assert _key(lambda v: v * 0.0, u) != _key(lambda v: v * -0.0, u)
+    assert _key(lambda v: v * 0.5, u) != _key(lambda v: v * 0.25, u)
+    assert _key(lambda v: jax.pure_callback(np.sin, v, v), u) is None
+    assert _key(lambda v: jax.nn.relu(v), u) is None  # a custom_jvp function
+
+
+def test_param_values():
+    """Parameters by value; a sentinel (no state, equal only to itself) as itself; a function or
+    a stateful object equal only to itself not at all."""
+    v = _intern.param_value
+
+    class Sentinel:
+        pass
+
+    class Stateful:
+        def __init__(self):
+            self.n = 0
+
+    one, two = Sentinel(), Sentinel()
+    assert v((1, 2.0, "a", np.float64(3.0))) == v((1, 2.0, "a", np.float64(3.0)))
+    assert v(0.0) != v(-0.0) and v(1) != v(True) and v((1,)) != v([1])
+    assert v(np.arange(3)) != v(np.arange(3.0)) and v(np.arange(3)) == v(np.arange(3))
+    assert v(one) == v(one) and v(one) != v(two)
+    for bad in (Stateful(), lambda: 0, jnp.sin, jax.random.key(0)):
+        with pytest.raises(_intern.NotInternable):
+            v(bad)
+
+
+def test_intern_table_is_bounded():
+    table = _intern.InternTable(maxsize=2)
+    for k in range(3):
+        table.get(("k", k), lambda k=k: [k])
+    assert len(table) == 2 and table.get(("k", 2), list) == [2] and table.get(("k", 0), list) == []
+    assert table.get(None, lambda: "built") == "built" and table.skipped == 1
 
 
 # ----------------------------------------------------------------------------- traced fori bounds

@@ -268,7 +268,9 @@ class StepCache:
     depends on (``key``: trees, abstract values, options), and on JAX's trace context (x64,
     promotion modes, ...). As in ``jax.lax``, a function is assumed to compute the same thing
     each time it is called with the same types, closed-over arrays included. Entries whose
-    constants are tracers are not kept (they belong to one transformation's trace).
+    constants are tracers are not kept (they belong to one transformation's trace). On a miss
+    the step is traced and its body looked up by structure (the second level,
+    :mod:`._intern`), so a closure created anew per call is traced but not compiled again.
     """
 
     def __init__(self, maxsize: int = 512):

@@ -13,6 +13,7 @@ from jax import lax, tree_util
 
 from .._jax_private import core
 from ..schedules import Online, Schedule, check_steps, default_schedule
+from . import _intern
 from ._body import Body, forward_unchanged, make_body
 from ._carry import (
     Names,
@@ -98,7 +99,10 @@ def scan(
     step's slices), and of their tangents or cotangents under a derivative; evaluation counts
     are unchanged. Every JAX transformation composes (``jit``, ``vmap``, ``grad`` of ``grad``,
     ``jax.hessian``, ...), see ``docs/derivatives.md``. Called again (un-jitted) with the same
-    ``f`` and argument types, the step is neither traced nor compiled again.
+    ``f`` and argument types, the step is neither traced nor compiled again; with a new ``f`` of
+    the same code and constant types (a closure created anew per call) it is traced but not
+    compiled again, unless it holds functions (``custom_jvp`` rules, callbacks): see
+    ``docs/performance.md``.
 
     Example:
         >>> import jax, jax.numpy as jnp, retrograde
@@ -226,7 +230,14 @@ def _trace_scan(f, init_tree, init_flat: list, xs_tree, x_avals: list, names: Na
         check_types(names, leaf_paths(init_tree), avals, out)
 
     (closed, *trees), dtypes = trace_carry(trace, init_flat, check)
-    body, consts = make_body(closed, nk, len(x_avals))
+    nx = len(x_avals)
+    # A body of the same structure, traced before (e.g. from a closure created anew per call),
+    # is shared: this trace's constants are its inputs, and nothing is compiled again.
+    key = _intern.structure_key(closed)
+    body = _intern.bodies.get(
+        None if key is None else ("scan", key, nk, nx), lambda: make_body(closed, nk, nx)[0]
+    )
+    consts = list(closed.consts)
     return _Step(body, consts, dtypes, list(closed.out_avals), *trees)
 
 

@@ -28,7 +28,7 @@ from jax.extend.core import Primitive, jaxpr_as_fun
 
 from .._jax_private import ad, core, dispatch, mlir, pe
 from ..schedules import Online, Schedule, check_steps, default_schedule
-from . import _batch_levels
+from . import _batch_levels, _intern
 from ._body import Body, cut, forward_unchanged, guarded, make_body
 from ._carry import (
     Names,
@@ -196,7 +196,9 @@ def while_loop(
     Every JAX transformation composes: ``jit``, ``vmap`` (a batched predicate runs until every
     element stops), ``jvp``, ``grad`` of ``grad``, ``jax.hessian``. Derivatives treat the number of
     steps as fixed. Called again (un-jitted) with the same functions and argument types, the loop
-    is neither traced nor compiled again.
+    is neither traced nor compiled again; with new functions of the same code and constant types
+    (closures created anew per call) it is traced but not compiled again, unless they hold
+    functions (``custom_jvp`` rules, callbacks).
 
     Example:
         >>> import jax, jax.numpy as jnp, retrograde
@@ -328,16 +330,36 @@ def _trace_while(cond_fun, body_fun, fast_fun, tree, flat: list, stored, names: 
     if fast_closed is not None:
         check_types(fast_names, paths, avals, fast_closed.out_avals)
     nk = len(flat)
-    body0, consts_b = make_body(body_closed, nk, 0)
-    cond0, consts_c = make_body(cond_closed, 0, nk)
+    consts_b, consts_c = list(body_closed.consts), list(cond_closed.consts)
     fast_where = None  # where the fast body's constants sit among the merged ones
     if fast_closed is not None:
-        fast0, consts_f = make_body(fast_closed, nk, 0)
-        fast_where, consts_b = _merge_consts(consts_b, consts_f)
+        fast_where, consts_b = _merge_consts(consts_b, list(fast_closed.consts))
     consts = [*consts_b, *consts_c]
-    nb = len(consts_b)
+    # Bodies of the same structure, built before (e.g. from closures created anew per call), are
+    # shared: this trace's constants are their inputs, and nothing is compiled again. The bodies
+    # depend on the traced jaxprs, on which constants the two steps share, on the buffers and on
+    # the constants' types.
+    key = _intern.structure_key(cond_closed, body_closed, fast_closed)
+    if key is not None:
+        const_types = tuple(core.typeof(c) for c in consts)
+        key = ("while", key, None if fast_where is None else tuple(fast_where), stored, const_types)
+    body, cond = _intern.bodies.get(
+        key,
+        lambda: _while_bodies(
+            cond_closed, body_closed, fast_closed, fast_where, consts, len(consts_b), nk, stored
+        ),
+    )
+    return _Loop(body, cond, consts, dtypes, list(body_closed.out_avals), out_tree)
+
+
+def _while_bodies(cond_closed, body_closed, fast_closed, fast_where, consts, nb, nk, stored):
+    """The guarded step and the predicate as bodies (:class:`Body`) on the merged constants
+    ``consts`` (the step's first ``nb``, then the predicate's) and ``nk`` carry leaves, checked
+    for buffer reads."""
+    body0, _ = make_body(body_closed, nk, 0)
+    cond0, _ = make_body(cond_closed, 0, nk)
     const_sds = [core.typeof(c) for c in consts]
-    carry_sds = list(avals)
+    carry_sds = list(body_closed.in_avals)
     fb, fc = jaxpr_as_fun(body0.jaxpr), jaxpr_as_fun(cond0.jaxpr)
     nb0 = len(body0.const_avals)
 
@@ -350,7 +372,7 @@ def _trace_while(cond_fun, body_fun, fast_fun, tree, flat: list, stored, names: 
     if fast_where is None:
         step = general
     else:
-        ff = jaxpr_as_fun(fast0.jaxpr)
+        ff = jaxpr_as_fun(make_body(fast_closed, nk, 0)[0].jaxpr)
 
         def step(c, k):
             return ff(*[c[j] for j in fast_where], *k)
@@ -373,7 +395,7 @@ def _trace_while(cond_fun, body_fun, fast_fun, tree, flat: list, stored, names: 
     )
     if not all(stored):
         check_write_only(body)
-    return _Loop(body, cond, consts, dtypes, list(body_closed.out_avals), out_tree)
+    return body, cond
 
 
 def _merge_consts(consts_b: list, consts_f: list) -> tuple[list[int] | None, list]:
