@@ -20,6 +20,11 @@ Each :func:`step` emits one :class:`Action`:
   (:func:`leaf_slots`). A leaf is a task that Revolve reverses with no step run plainly twice
   (``n <= s + 1``, every state stored), a single step, or the run of one-step segments that ends
   the loop (``first = stop - 1``: their states are held already).
+- ``DATA``: reverse ``[start, stop)`` from the steps' data (mixed checkpointing): restore slot
+  ``restore`` (if ``>= 0``); evaluate steps ``start .. stop - 2`` keeping each one's data
+  (:mod:`._residuals`) in the leaf's data row ``n - start``; record ``stop - 1`` from the state at
+  hand; then reverse the others, last first, each from its data row, with no evaluation
+  (``first = stop - 1``: no state is stored; ``fresh = 1``).
 - ``DONE``: nothing is left.
 
 With ``with_pairs`` (static), a two-step task also takes along the run of two-step segments
@@ -50,7 +55,7 @@ from ._binomial import largest_split
 
 i32 = jnp.int32
 
-MOVE, LEAF, DONE, PAIRS = 0, 1, 2, 3
+MOVE, LEAF, DONE, PAIRS, DATA = 0, 1, 2, 3, 4
 # Phases: the trailing leaf, take a task, work on it, recompute a one-slot segment step by step,
 # record the last step of a split whose right part is one step, done.
 P_TRAIL, P_POP, P_TASK, P_S1, P_LAST, P_DONE = 0, 1, 2, 3, 4, 5

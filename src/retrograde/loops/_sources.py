@@ -35,6 +35,7 @@ class MacroActionSource(Protocol):
         first: the first action (an int32[7], :func:`._machine.vector`) if it is emitted with
             the initial state, else ``None`` (the executor reads it with :meth:`step`).
         with_pairs: whether ``PAIRS`` leaves may come (static).
+        with_data: whether ``DATA`` leaves may come (static): steps reversed from their data.
         control_apart: whether a leaf's control (:meth:`leaf_slots` and the next :meth:`step`)
             runs in a one-trip loop of its own (:func:`._xla_cpu.once`): for a source whose
             step is many small kernels, which then run in order (docs/performance.md, "The XLA
@@ -44,6 +45,7 @@ class MacroActionSource(Protocol):
     state: Any
     first: jax.Array | None
     with_pairs: bool
+    with_data: bool
     control_apart: bool
 
     def step(self, state) -> tuple[Any, machine.Action]:
@@ -63,6 +65,7 @@ class BinomialSource:
     # MAX_SMALL_SLOTS slots, :mod:`._xla_cpu`), which run in order in a loop of their own; among
     # the leaf's loops they would run on the concurrent executor.
     control_apart = True
+    with_data = False
 
     def __init__(
         self,
@@ -102,6 +105,7 @@ class RowSource:
 
     def __init__(self, tables: Tables):
         self.rows = jnp.asarray(tables.rows, i32)
+        self.with_data = tables.data_rows > 0
         self.n_slots = tables.n_slots
         self.order = self.leaves = None
         if tables.leaves is not None:

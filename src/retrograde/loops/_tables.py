@@ -24,10 +24,20 @@ from typing import Any
 
 import numpy as np
 
-from ..schedules import Advance, Executor, OfflineSchedule, Record, Restore, Schedule, Store
+from ..schedules import (
+    Advance,
+    Executor,
+    Linearize,
+    OfflineSchedule,
+    Record,
+    Restore,
+    Reverse,
+    Schedule,
+    Store,
+)
 from ..schedules import largest_split as _largest_split
 from ._binomial import CAP
-from ._machine import LEAF, MOVE
+from ._machine import DATA, LEAF, MOVE
 from ._offload_runs import Layout, offloaded
 
 
@@ -49,6 +59,14 @@ class Tables:
             leaf's state ``u_{start + i}`` is in slot ``own`` for ``i = 0`` and
             ``free_order[f - i]`` after (the free slots, last first), or in
             ``free_order[i]`` if ``own < 0`` (the trailing leaf, over held steps).
+        data_rows: the data rows a ``DATA`` leaf may fill (its length less one; ``0``: the
+            schedule reverses no step from data).
+        relinearized: steps the schedule's first sweep linearizes that the compiled reverse
+            sweep evaluates again: the compiled forward sweep keeps snapshots, not data, so it
+            stores the state that run starts from and the first ``DATA`` leaf linearizes the run
+            from it. A compiled gradient evaluates the step ``evaluations + 1 + relinearized``
+            times (:class:`~retrograde.schedules.Stats`; the ``1``: the forward sweep's last
+            step, for ``u_N``).
     """
 
     length: int
@@ -59,6 +77,8 @@ class Tables:
     offload: Layout | None = None
     free_order: np.ndarray | None = None
     leaves: np.ndarray | None = None
+    data_rows: int = 0
+    relinearized: int = 0
 
     @property
     def held(self):
@@ -191,8 +211,11 @@ def _reverse_task(a, b, slot_a, free, stack, emit):
         a, slot_a, at_hand = m, new, True
 
 
+_KINDS = (Advance, Store, Restore, Record, Linearize, Reverse)
+
+
 def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
-    actions = [a for a in schedule.actions(length) if type(a) in (Advance, Store, Restore, Record)]
+    actions = [a for a in schedule.actions(length) if type(a) in _KINDS]
     # Number the slots of all levels consecutively, device levels first.
     top: dict[int, int] = {}
     act: Any  # a Store or a Restore where read (mypy does not narrow `type(act) in (...)`)
@@ -203,7 +226,8 @@ def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
     far = {level for level in top if offloaded(levels[level])}
     near = sorted(set(top) - far)
     slots = [(lv, i) for lv in near for i in range(top[lv] + 1)]
-    n_slots = max(len(slots), 1)
+    n_near = len(slots)
+    n_slots = max(n_near, 1)
     slots += [(0, -1)] * (n_slots - len(slots))  # an unused device slot if all are offloaded
     offset = {}
     for lv in near + sorted(far):
@@ -216,53 +240,147 @@ def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
             tuple(levels), tuple(lv for lv, _ in slots), tuple(i for _, i in slots), n_slots
         )
 
-    # The first sweep: advance monotonically from step 0 to N - 1, storing on the way.
-    stores, at, k = [], 0, 0
-    while k < len(actions) and type(actions[k]) is not Record:
+    # The first sweep: advance monotonically from step 0 to N - 1, storing on the way; it may
+    # end with a run of linearized steps [run, at) (the first leaf reversed from data).
+    stores, at, k, run = [], 0, 0, None
+    while k < len(actions) and type(actions[k]) not in (Record, Reverse):
         act = actions[k]
-        if type(act) is Advance and act.start == at:
+        if type(act) is Advance and act.start == at and run is None:
             at = act.stop
-        elif type(act) is Store:
+        elif type(act) is Store and run is None:
             stores.append((act.step, offset[act.level] + act.slot))
+        elif type(act) is Linearize and act.step == at:
+            run, at = at if run is None else run, at + 1
         else:
             raise ValueError(
-                f"{schedule!r}: its first sweep (before the first Record) must only advance from "
-                f"step 0 on and store, but it has {act}."
+                f"{schedule!r}: its first sweep (before the first Record or Reverse) must only "
+                f"advance from step 0 on and store, then possibly linearize the steps up to the "
+                f"end, but it has {act}."
             )
         k += 1
-    if length and at != length - 1:
+    if length and at != length - 1 and not (run is not None and at == length):
         raise ValueError(f"{schedule!r}: the first sweep must end at step {length - 1}.")
 
-    rows = _Rows(offset).run(actions[k:]).rows
+    pending, relinearized = None, 0
+    if run is not None:
+        if layout is not None:
+            raise ValueError(
+                f"{schedule!r}: a compiled loop reverses steps from their data only with every "
+                "slot in device memory (no level with storage='host' or 'disk')."
+            )
+        # The compiled forward sweep keeps u_run (the first leaf linearizes again from it): in
+        # the slot the first sweep stored it in, else in a slot of its own.
+        held = {step: slot for step, slot in stores}
+        if run not in held:
+            held[run] = n_near
+            stores.append((run, n_near))
+            n_slots = n_near + 1
+        pending = (run, at, held[run])
+        relinearized = min(at, length - 1) - run
+    translated = _Rows(offset, pending).run(actions[k:])
+    translated.finish(schedule)
     pts = np.asarray(stores, np.int32).reshape(-1, 2)
     return Tables(
         length,
         n_slots,
         pts[:, 0].copy(),
         pts[:, 1].copy(),
-        np.asarray(_merge_moves(rows), np.int32).reshape(-1, 7),
+        np.asarray(_merge_moves(translated.rows), np.int32).reshape(-1, 7),
         layout,
+        data_rows=translated.data_rows,
+        relinearized=relinearized,
     )
 
 
 class _Rows(Executor):
-    """The reverse sweep as the machine's rows, the slots of level ``l`` from ``offset[l]`` on."""
+    """The reverse sweep as the machine's rows, the slots of level ``l`` from ``offset[l]`` on.
 
-    def __init__(self, offset: dict[int, int]):
+    Steps reversed from data come as leaves: a run of ``Linearize`` of consecutive steps
+    ``a .. b - 1`` from the state at hand, then ``Record(b - 1)`` (or ``Reverse(b - 1)``, the
+    run's last step reversed at once: as many evaluations as recording it from ``u_{b-1}``), then
+    ``Reverse`` of ``b - 2`` down to ``a``, with nothing else between them (``Free`` aside): one
+    ``DATA`` row, whose data rows are the leaf's own (the schedule's data slots are not read).
+    ``pending``: the first sweep's run ``(a, b, slot of u_a)``, if it ended with one.
+    """
+
+    def __init__(self, offset: dict[int, int], pending: tuple[int, int, int] | None = None):
         self.offset = offset
         self.rows: list[tuple[int, ...]] = []
+        self.linearized = pending  # linearized steps [a, b), u_a restored from a slot (-1: at hand)
+        self.due: list[int] = []  # steps still to reverse from the data of the last leaf
+        self.data_rows = 0
+
+    def _idle(self, act) -> None:
+        """Raise unless no leaf reversed from data is under way."""
+        if self.linearized is not None or self.due:
+            what = (
+                f"steps {self.due[-1]}..{self.due[0]} are still to be reversed from their data"
+                if self.due
+                else f"steps {self.linearized[0]}..{self.linearized[1] - 1} were linearized"  # type: ignore[index]
+            )
+            raise ValueError(
+                f"{act}: {what}. A compiled loop reverses steps from their data as a leaf: "
+                "Linearize of consecutive steps from the state at hand, Record (or Reverse) of the "
+                "last, then Reverse of the others, last first, with nothing else between them."
+            )
 
     def restore(self, act: Restore) -> None:
+        self._idle(act)
         self.rows.append((MOVE, self.offset[act.level] + act.slot, act.step, act.step, 0, -1, 0))
 
     def advance(self, act: Advance) -> None:
+        self._idle(act)
         self.rows.append((MOVE, -1, act.start, act.stop, 0, -1, 0))
 
     def store(self, act: Store) -> None:
+        self._idle(act)
         self.rows.append((MOVE, -1, act.step, act.step, 0, self.offset[act.level] + act.slot, 0))
 
     def record(self, act: Record) -> None:  # a one-step leaf from the state at hand
+        if self.linearized is not None and not self.due and act.step == self.linearized[1]:
+            self._data_leaf(act.step + 1)
+            return
+        self._idle(act)
         self.rows.append((LEAF, -1, act.step, act.step + 1, act.step, -1, 1))
+
+    def linearize(self, act: Linearize) -> None:
+        if self.linearized is not None and not self.due and act.step == self.linearized[1]:
+            self.linearized = (self.linearized[0], act.step + 1, self.linearized[2])
+            return
+        self._idle(act)
+        self.linearized = (act.step, act.step + 1, -1)
+
+    def reverse(self, act: Reverse) -> None:
+        if self.due and act.step == self.due[-1]:
+            self.due.pop()
+            return
+        if self.linearized is not None and not self.due and act.step == self.linearized[1] - 1:
+            self._data_leaf(act.step + 1)
+            return
+        self._idle(act)
+        raise ValueError(f"{act}: the step was not linearized in the leaf being reversed.")
+
+    def _data_leaf(self, stop: int) -> None:
+        """The ``DATA`` row of the run ``[a, stop)`` (its last step recorded from the state at
+        hand); a restore just before it becomes the row's own."""
+        start, _, restore = self.linearized  # type: ignore[misc]
+        prev = self.rows[-1] if self.rows else None
+        if (
+            restore < 0
+            and prev is not None
+            and prev[0] == MOVE
+            and prev[2] == prev[3] == start
+            and prev[5] < 0
+        ):
+            restore = self.rows.pop()[1]
+        self.rows.append((DATA, restore, start, stop, stop - 1, -1, 1))
+        self.data_rows = max(self.data_rows, stop - 1 - start)
+        self.linearized, self.due = None, list(range(start, stop - 1))
+
+    def finish(self, schedule) -> None:
+        """Raise if the stream ended inside a leaf reversed from data."""
+        if self.linearized is not None or self.due:
+            raise ValueError(f"{schedule!r}: its actions end inside a leaf reversed from data.")
 
 
 def _merge_moves(rows):
