@@ -28,11 +28,13 @@ from retrograde.schedules import (
     End,
     Free,
     Level,
+    Linearize,
     Online,
     Periodic,
     RecomputeAll,
     Record,
     Restore,
+    Reverse,
     Revolve,
     Store,
     StoreAll,
@@ -51,9 +53,9 @@ from retrograde.schedules._optimum import beta, repetition
 CAPACITY = 3000
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5, 6))
-def _run(n_slots, steps, slots, n_held, n, at_hand, with_pairs=False):
-    """Every action of the machine, with the slots of each leaf."""
+@functools.partial(jax.jit, static_argnums=(0, 5, 6, 7))
+def _run(n_slots, steps, slots, n_held, n, at_hand, with_pairs=False, rule=M.REVOLVE):
+    """Every action of the machine (by ``rule``), with the slots of each leaf."""
     state = M.init(n_slots, steps, slots, n_held, n, at_hand)
     acts = jnp.full((CAPACITY, 7), -1, jnp.int32)
     idxs = jnp.full((CAPACITY, n_slots + 1), -1, jnp.int32)
@@ -63,7 +65,7 @@ def _run(n_slots, steps, slots, n_held, n, at_hand, with_pairs=False):
 
     def one(c):
         st, acts, idxs, i = c
-        st, a = M.step(st, with_pairs)
+        st, a = M.step(st, with_pairs, rule)
         return (
             st,
             acts.at[i].set(jnp.stack(a)),
@@ -75,10 +77,11 @@ def _run(n_slots, steps, slots, n_held, n, at_hand, with_pairs=False):
     return acts, idxs, count
 
 
-def expand(acts, idxs, held, far=None):
+def expand(acts, idxs, held, far=None, data=0):
     """Macro-actions as schedule actions; ``held`` maps each slot to the step it holds. With
     ``far``, restores from slots ``far`` and above are from slot ``slot - far`` of level 1 (the
-    offloaded slots of ``Online(s, slow=...)``)."""
+    offloaded slots of ``Online(s, slow=...)``). A ``DATA`` leaf keeps its steps' data in slots
+    ``data``, ``data + 1``, ..."""
     held, out = dict(held), []
 
     def store(step, slot):
@@ -100,6 +103,11 @@ def expand(acts, idxs, held, far=None):
                 out.append(Advance(a, b))
             if st >= 0:
                 store(b, st)
+            continue
+        if kind == M.DATA:  # linearize, record the last step, reverse the others from data
+            out += [Linearize(k, data + k - a, 0) for k in range(a, b - 1)] + [Record(b - 1)]
+            for k in range(b - 2, a - 1, -1):
+                out += [Reverse(k, data + k - a, 0), Free(k, data + k - a, 0)]
             continue
         if kind == M.PAIRS:  # from each u_a (held), lowest first, advance and store u_{a+1}
             for k in range(a, b, 2):

@@ -38,11 +38,11 @@ CONST, X, INVARIANT, STORED = "const", "x", "invariant", "stored"
 
 
 class Source(NamedTuple):
-    """Where residual ``i`` of the linear part is read from: ``kind`` and the index of the
+    """Where a residual of the linear part is read from: ``kind``, and ``at``: the index of the
     const, ``x`` leaf, invariant or stored residual."""
 
     kind: str
-    index: int
+    at: int
 
 
 def nbytes(avals) -> int:
@@ -84,9 +84,9 @@ class Linearization:
         self._run_linear = jex_core.jaxpr_as_fun(linear)
         self._run_invariant = jex_core.jaxpr_as_fun(self.invariant)
         self._stored_at = [i for i, s in enumerate(self.sources) if s.kind == STORED]
-        self._first = {}  # position of a stored residual's first occurrence (duplicates share)
+        self._first: dict[int, int] = {}  # position of a stored residual's first occurrence (duplicates share)
         for i in self._stored_at:
-            self._first.setdefault(self.sources[i].index, i)
+            self._first.setdefault(self.sources[i].at, i)
 
     def invariants(self, consts) -> list:
         """The loop-invariant residuals (from the consts alone): computed once per sweep."""
@@ -105,7 +105,7 @@ class Linearization:
         float ``y`` outputs; returns the cotangents of the differentiated consts, carry and x
         leaves ``(dc, dk, dx)`` (no evaluation of the step)."""
         picks = {CONST: consts, X: x, INVARIANT: invariants, STORED: stored}
-        res = [picks[s.kind][s.index] for s in self.sources]
+        res = [picks[s.kind][s.at] for s in self.sources]
         run = self._run_linear
         transpose = jax.linear_transpose(
             lambda *t: run(*res, *t),

@@ -65,7 +65,6 @@ class BinomialSource:
     # MAX_SMALL_SLOTS slots, :mod:`._xla_cpu`), which run in order in a loop of their own; among
     # the leaf's loops they would run on the concurrent executor.
     control_apart = True
-    with_data = False
 
     def __init__(
         self,
@@ -74,12 +73,15 @@ class BinomialSource:
         n_steps,
         at_hand: bool,
         with_pairs: bool = False,
+        rule: machine.Rule = machine.REVOLVE,
     ):
         """``held()``: the held snapshots ``(steps, slots, count)`` as :func:`._machine.init`
         takes them. It is traced, with the machine's initial state and first action, in a
         conditional's branch of its own (:func:`._xla_cpu.branch`), so that their many small
-        kernels run in order there."""
+        kernels run in order there. ``rule``: the machine's leaves and splits."""
         self.with_pairs = with_pairs
+        self.rule = rule
+        self.with_data = rule.data_rows(n_slots) > 0
 
         def init(n):
             st, act = self.step(machine.init(n_slots, *held(), n, at_hand))
@@ -88,7 +90,7 @@ class BinomialSource:
         _, self.state, self.first = branch(n_steps >= 0, init, jnp.asarray(n_steps, i32))
 
     def step(self, st):
-        return machine.step(st, self.with_pairs)
+        return machine.step(st, self.with_pairs, self.rule)
 
     def leaf_slots(self, st):
         return machine.leaf_slots(st, self.with_pairs)
@@ -146,4 +148,5 @@ def source_for(tables: Tables) -> MacroActionSource:
         lambda: (jnp.asarray(steps), jnp.asarray(slots), count),
         tables.length,
         at_hand=True,
+        rule=tables.rule,
     )

@@ -35,9 +35,8 @@ from ..schedules import (
     Schedule,
     Store,
 )
-from ..schedules import largest_split as _largest_split
 from ._binomial import CAP
-from ._machine import DATA, LEAF, MOVE
+from ._machine import DATA, LEAF, MOVE, REVOLVE, Rule
 from ._offload_runs import Layout, offloaded
 
 
@@ -61,6 +60,8 @@ class Tables:
             ``free_order[i]`` if ``own < 0`` (the trailing leaf, over held steps).
         data_rows: the data rows a ``DATA`` leaf may fill (its length less one; ``0``: the
             schedule reverses no step from data).
+        rule: the machine's leaves and splits, for the binomial reversal (``rows`` from the
+            machine, or ``None``): :func:`register_rule`.
         relinearized: steps the schedule's first sweep linearizes that the compiled reverse
             sweep evaluates again: the compiled forward sweep keeps snapshots, not data, so it
             stores the state that run starts from and the first ``DATA`` leaf linearizes the run
@@ -79,6 +80,7 @@ class Tables:
     leaves: np.ndarray | None = None
     data_rows: int = 0
     relinearized: int = 0
+    rule: Rule = REVOLVE
 
     @property
     def held(self):
@@ -105,15 +107,46 @@ def check_offline(schedule: Schedule, where: str) -> OfflineSchedule:
     return schedule
 
 
+_RULES: dict[type, Any] = {}
+
+
+def register_rule(kind: type, rule) -> None:
+    """Reverse the schedules of class ``kind`` whose ``binomial_stores`` are not ``None`` by the
+    machine with ``rule(schedule)`` (a :class:`._machine.Rule`) instead of Revolve's: their
+    forward sweep stores ``binomial_stores(N)``, and the segments between the stores are split
+    and made leaves (``LEAF`` or ``DATA``) by the rule. Their ``actions(N)`` must be what the
+    machine then does (Python twin: :func:`_machine_rows`)."""
+    _RULES[kind] = rule
+    tables_for.cache_clear()
+
+
+def machine_rule(schedule: OfflineSchedule) -> Rule:
+    """The rule the machine reverses ``schedule`` by (:func:`register_rule`; else Revolve's)."""
+    for kind in type(schedule).__mro__:
+        if kind in _RULES:
+            return _RULES[kind](schedule)
+    return REVOLVE
+
+
 @functools.lru_cache(maxsize=128)
 def tables_for(schedule: OfflineSchedule, length: int) -> Tables:
     """Build the tables for ``schedule`` and ``length`` steps (cached)."""
     stores = schedule.binomial_stores(length)
     if stores is not None:
         # More slots than N - 1 are never used by a binomial reversal.
-        n_slots = max(1, len(stores), min(schedule.max_slots(length)[0], length - 1))
+        rule = machine_rule(schedule)
+        slots = rule.state_slots(schedule.max_slots(length)[0])
+        n_slots = max(1, len(stores), min(slots, length - 1))
         steps = np.asarray(stores, np.int32)
-        tables = Tables(length, n_slots, steps, np.arange(len(steps), dtype=np.int32), None)
+        tables = Tables(
+            length,
+            n_slots,
+            steps,
+            np.arange(len(steps), dtype=np.int32),
+            None,
+            data_rows=rule.data_rows(n_slots),
+            rule=rule,
+        )
         rows = _machine_rows(tables)
         if rows is None:
             if length >= CAP:
@@ -172,7 +205,7 @@ def _machine_rows(tables: Tables):
             if stack[-1][0] == "free":
                 free.append(stack.pop()[1])
             a, b, slot_a = stack.pop()
-            _reverse_task(a, b, slot_a, free, stack, emit)
+            _reverse_task(a, b, slot_a, free, stack, emit, tables.rule)
     except OverflowError:
         return None
     return (
@@ -182,14 +215,18 @@ def _machine_rows(tables: Tables):
     )
 
 
-def _reverse_task(a, b, slot_a, free, stack, emit):
+def _reverse_task(a, b, slot_a, free, stack, emit, rule: Rule = REVOLVE):
     """Emit the machine's actions for one task: reverse ``[a, b)`` from its slot ``slot_a`` with
-    the free slots (pushing the left parts of splits and their slot releases)."""
+    the free slots (pushing the left parts of splits and their slot releases), by ``rule``."""
     at_hand = False
     while True:
         n, s = b - a, len(free) + 1
         restore = -1 if at_hand else slot_a
-        if n <= s + 1:  # a leaf: every state stored, in its own slot then free ones
+        kind = rule.py_leaf(n, s)
+        if kind == DATA:  # a leaf reversed from data
+            emit((DATA, restore, a, b, b - 1, -1, 1), slot_a)
+            return
+        if kind == LEAF:  # a leaf: every state stored, in its own slot then free ones
             emit((LEAF, -1 if n == 1 else restore, a, b, a, -1, int(n > 1 or at_hand)), slot_a)
             return
         if s == 1:  # one slot: for k = b - 1 down to a, restore, advance to k, record k
@@ -198,7 +235,7 @@ def _reverse_task(a, b, slot_a, free, stack, emit):
                 emit((LEAF, -1, k, k + 1, k, -1, 1), slot_a)
                 restore = slot_a
             return
-        m = a + _largest_split(n, s)
+        m = a + rule.py_split(n, s)
         if m == b - 1:  # the right part is one step: advance and record it
             emit((MOVE, restore, a, m, 0, -1, 0))
             emit((LEAF, -1, m, m + 1, m, -1, 1), slot_a)
@@ -316,7 +353,7 @@ class _Rows(Executor):
             what = (
                 f"steps {self.due[-1]}..{self.due[0]} are still to be reversed from their data"
                 if self.due
-                else f"steps {self.linearized[0]}..{self.linearized[1] - 1} were linearized"  # type: ignore[index]
+                else f"steps {self.linearized[0]}..{self.linearized[1] - 1} were linearized"
             )
             raise ValueError(
                 f"{act}: {what}. A compiled loop reverses steps from their data as a leaf: "
@@ -363,7 +400,7 @@ class _Rows(Executor):
     def _data_leaf(self, stop: int) -> None:
         """The ``DATA`` row of the run ``[a, stop)`` (its last step recorded from the state at
         hand); a restore just before it becomes the row's own."""
-        start, _, restore = self.linearized  # type: ignore[misc]
+        start, _, restore = self.linearized
         prev = self.rows[-1] if self.rows else None
         if (
             restore < 0
