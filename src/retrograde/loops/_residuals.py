@@ -84,7 +84,9 @@ class Linearization:
         self._run_linear = jex_core.jaxpr_as_fun(linear)
         self._run_invariant = jex_core.jaxpr_as_fun(self.invariant)
         self._stored_at = [i for i, s in enumerate(self.sources) if s.kind == STORED]
-        self._first: dict[int, int] = {}  # position of a stored residual's first occurrence (duplicates share)
+        self._first: dict[
+            int, int
+        ] = {}  # position of a stored residual's first occurrence (duplicates share)
         for i in self._stored_at:
             self._first.setdefault(self.sources[i].at, i)
 
@@ -194,3 +196,14 @@ def data_size(body: Body) -> float:
     if state == 0:
         return 0.0 if lin.data_bytes == 0 else math.inf
     return lin.data_bytes / state
+
+
+def measure(f, init, x=None) -> float:
+    """The data size (:func:`data_size`) of the step of ``retrograde.scan(f, init, xs)``, ``x``
+    one row of ``xs``: ``f(carry, x) -> (carry, y)``, traced once (its closed-over arrays are
+    its consts)."""
+    closed = jax.make_jaxpr(f)(init, x)
+    nk, nx = len(jax.tree_util.tree_leaves(init)), len(jax.tree_util.tree_leaves(x))
+    consts = list(closed.consts)
+    jaxpr = pe.convert_constvars_jaxpr(closed.jaxpr)
+    return data_size(Body(jex_core.ClosedJaxpr(jaxpr, ()), len(consts), nk, nx))

@@ -150,9 +150,7 @@ class StepRunner:
         the leaves this sweep differentiates (held carry leaves are not)."""
         held = iter(self.held_k)
         dk = tuple(f and not next(held) for f in self.fk)
-        return residuals.linearization(
-            self.body, tuple(self.fc), dk, tuple(self.fx), self.batched
-        )
+        return residuals.linearization(self.body, tuple(self.fc), dk, tuple(self.fx), self.batched)
 
     def data_rows(self, n_rows: int, deps) -> list:
         """``n_rows`` data rows of each stored residual (zeros tied to ``deps``, as slots are:
