@@ -12,6 +12,8 @@ Neither is optimal; both are proven valid by the simulator in the tests.
   (:func:`data_rule`): its forward sweep is ``binomial_stores(N)`` and its reversal the
   machine's, in the graph or read off a table; its ``actions(N)`` are the Python twin's rows
   expanded (``tests/loops/test_machine.py::expand``).
+- :class:`DataOnline`: ``Online``'s placement, with a rule making the segments of at most
+  ``leaf`` steps between its snapshots ``DATA`` leaves (``while_loop``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from retrograde.schedules import (
     Level,
     Linearize,
     OfflineSchedule,
+    Online,
     Record,
     Restore,
     Reverse,
@@ -186,3 +189,26 @@ def twin_actions(tables):
     rows = tables.rows.tolist() + [[M.DONE, -1, 0, 0, 0, -1, 0]]
     idxs = [leaf_slots(tables, r) for r in range(len(rows))]
     return forward + expand(rows, idxs, held, data=tables.n_slots)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataOnline(Online):
+    """``Online(snapshots)``'s placement; ``while_loop`` reverses the segments between its
+    snapshots by :func:`online_data_rule`: those of at most ``leaf`` steps from data."""
+
+    leaf: int = 3
+
+
+def online_data_rule(schedule: DataOnline) -> M.Rule:
+    k = schedule.leaf
+    return M.Rule(
+        leaf=lambda n, s: jnp.where(n <= k, M.DATA, jnp.where(n <= s + 1, M.LEAF, -1)),
+        split=_binomial.largest_split,
+        py_leaf=lambda n, s: M.DATA if n <= k else (M.LEAF if n <= s + 1 else -1),
+        py_split=largest_split,
+        state_slots=lambda slots: slots,
+        data_rows=lambda n_slots: k - 1,
+    )
+
+
+_tables.register_rule(DataOnline, online_data_rule)

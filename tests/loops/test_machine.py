@@ -124,15 +124,15 @@ def expand(acts, idxs, held, far=None, data=0):
     return out + [End()]
 
 
-def machine_stats(n, n_slots, held, at_hand, with_pairs=False):
-    """Run the machine from ``held`` ({slot: step}; with ``at_hand``, ``u_{n-1}`` is the state at
-    hand) and simulate what it does, the forward sweep included."""
+def machine_stats(n, n_slots, held, at_hand, with_pairs=False, rule=M.REVOLVE):
+    """Run the machine (by ``rule``) from ``held`` ({slot: step}; with ``at_hand``, ``u_{n-1}``
+    is the state at hand) and simulate what it does, the forward sweep included."""
     pairs = sorted((p, k) for k, p in held.items())
     pad = n_slots - len(pairs)
     steps = jnp.asarray([p for p, _ in pairs] + [0] * pad, jnp.int32)
     slots = jnp.asarray([k for _, k in pairs] + [0] * pad, jnp.int32)
     acts, idxs, count = (
-        np.asarray(v) for v in _run(n_slots, steps, slots, len(pairs), n, at_hand, with_pairs)
+        np.asarray(v) for v in _run(n_slots, steps, slots, len(pairs), n, at_hand, with_pairs, rule)
     )
     assert count < CAPACITY
     forward, at = [], 0
@@ -145,9 +145,9 @@ def machine_stats(n, n_slots, held, at_hand, with_pairs=False):
     if n and at < end:
         forward.append(Advance(at, end))
     start = dict((k, p) for p, k in pairs)
-    return execute(forward + expand(acts[:count], idxs[:count], start), n, (Level(n_slots),)), int(
-        count
-    )
+    level = Level(n_slots + rule.data_rows(n_slots))  # data slots after the state slots
+    actions = forward + expand(acts[:count], idxs[:count], start, data=n_slots)
+    return execute(actions, n, (level,)), int(count)
 
 
 SCHEDULES = [

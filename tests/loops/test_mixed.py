@@ -12,6 +12,8 @@ transposes them from those in reverse order. The schedules are test-owned
 - Every derivative against ``jax.lax.scan`` / ``jax.lax.fori_loop`` in float64.
 - Temp memory within the slots' bytes (states and data rows) plus the constant of the
   ``Revolve`` programs, and flat in ``N``.
+- ``while_loop``: the segments between the snapshots ``Online`` placed, reversed by the machine
+  with a ``DATA`` rule (``DataOnline``).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from retrograde.loops import _residuals, _tables
 from retrograde.loops._body import Body
 
 from . import _problems as P
-from ._mixed_schedules import BinomialData, DataLeaves, data_rule
-from .test_machine import _run
+from ._mixed_schedules import BinomialData, DataLeaves, DataOnline, data_rule, online_data_rule
+from .test_machine import _run, machine_stats
 from .test_scan import _transforms_program, _transforms_reference
 
 RTOL = 1e-12
@@ -58,11 +60,10 @@ def test_test_schedules_are_valid(n):
         assert stats.linearized > 0 or n < 3 or schedule == BinomialData(1, 3)
 
 
-@pytest.mark.parametrize("schedule", [BinomialData(3, 3), BinomialData(5, 2)], ids=repr)
-def test_machine_data_leaves_are_its_twins(schedule):
+def test_machine_data_leaves_are_its_twins():
     """With a rule making ``DATA`` leaves, the in-graph machine emits exactly the rows its Python
     twin writes when tracing."""
-    for n in (7, 57):
+    for schedule, n in ((BinomialData(3, 3), 57), (BinomialData(5, 2), 20)):
         tables = _tables.tables_for(schedule, n)
         steps, slots, count = tables.held
         acts, _, k = (
@@ -206,10 +207,12 @@ def test_hvp_count():
 # ----------------------------------------------------------------------------- against jax.lax
 
 
+@pytest.mark.slow
 def test_every_first_order_transformation():
     """grad, vjp, jvp, linearize, linear_transpose, jacfwd, jacrev, vmap and vmap(grad) on the
     pytree problem (int counter, xs, ys, closed-over parameters), as ``tests/loops/test_scan.py``
-    checks them for the other schedules."""
+    checks them for the other schedules (slow: 7 s, mostly compiling; the derivatives the brief
+    names run below in one program)."""
     args, ref = _transforms_reference(7)
     got = _transforms_program(P.rscan(DataLeaves(2, 3)))(*args)
     failures = [k for k in ref if not P.rel_err(got[k], ref[k]) <= RTOL]
@@ -217,11 +220,14 @@ def test_every_first_order_transformation():
 
 
 def _higher(scan, fori):
-    """HVP, grad of grad and vmap(grad) of the small problem, and the gradient of a fori_loop."""
+    """grad, jvp, HVP, grad of grad and vmap(grad) of the small problem (int counter, xs, ys,
+    closed-over parameters), and the gradient and HVP of a fori_loop."""
     L = functools.partial(P.small_loss, scan)
 
     def f(p, u0, xs, du):
         out = {}
+        out["grad"] = jax.grad(L, argnums=(0, 1, 2))(p, u0, xs)
+        out["jvp"] = jax.jvp(lambda u, xs: L(p, u, xs), (u0, xs), (du, jnp.cos(xs)))
         out["hvp"] = jax.jvp(lambda u: jax.grad(L, argnums=(0, 1))(p, u, xs), (u0,), (du,))
         out["grad_grad"] = jax.grad(
             lambda p, xs: jnp.sum(jax.grad(L, argnums=1)(p, u0, xs) ** 2), argnums=(0, 1)
@@ -253,6 +259,41 @@ def test_higher_orders_and_fori_loop():
     got = _higher(P.rscan(schedule), fori)(*args)
     failures = [f"{k}: {P.rel_err(got[k], ref[k]):.1e}" for k in ref]
     assert all(P.rel_err(got[k], ref[k]) <= 1e-10 for k in ref), failures
+
+
+# ----------------------------------------------------------------------------- while_loop
+
+
+def test_while_loop_reverses_online_segments_from_data():
+    """``while_loop`` with ``DataOnline``: the segments between the snapshots ``Online`` placed
+    are reversed by the machine with a ``DATA`` rule; its evaluations are the machine's (run on
+    the same snapshots and simulated), fewer than ``Online``'s, and the gradient is that of
+    ``jax.lax.fori_loop``."""
+    n, s = 60, 4
+    schedule = DataOnline(s, leaf=3)
+
+    def f(loop, theta):
+        def body(st):
+            jax.debug.callback(lambda: CALLS.append(1), ordered=False)
+            return st[0] + 1, st[1] + 0.001 * jnp.sin(theta * st[1])
+
+        return jnp.sum(loop(body, (0, jnp.ones(2)))[1])
+
+    ours = functools.partial(retrograde.while_loop, lambda st: st[0] < n, schedule=schedule)
+    grad = jax.jit(jax.grad(functools.partial(f, ours)))
+    held = [-1] * s
+    for step in range(n):
+        k = rs.online_store_slot(step, held, s)
+        if k >= 0:
+            held[k] = step
+    placed = {k: p for k, p in enumerate(held) if p >= 0}
+    stats, _ = machine_stats(n, s, placed, False, with_pairs=True, rule=online_data_rule(schedule))
+    assert stats.linearized > 0
+    assert _count(grad, 0.5) == stats.evaluations
+    assert stats.evaluations < rs.simulate(rs.Online(s), n).evaluations
+    lax = lambda body, init: jax.lax.fori_loop(0, n, lambda i, st: body(st), init)
+    ref = jax.jit(jax.grad(functools.partial(f, lax)))(0.5)
+    P.assert_close(grad(0.5), ref, RTOL, "while_loop gradient")
 
 
 # ----------------------------------------------------------------------------- memory

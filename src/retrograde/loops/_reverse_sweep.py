@@ -399,12 +399,14 @@ def adjoint_while(
     keep=None,
     axes=(),
     layout=None,
+    rule: machine.Rule = machine.REVOLVE,
 ):
     """Reverse ``n_steps`` steps of a body without per-step inputs or outputs.
 
     From ``ck = (slots, held)`` (the forward sweep's snapshots) or, with ``ck is None``, after
     replaying the forward sweep's placement. The segments between held snapshots are reversed by
-    the in-graph binomial machine. Returns cotangents of float consts and carry leaves.
+    the in-graph binomial machine, by ``rule`` (which may make ``DATA`` leaves). Returns
+    cotangents of float consts and carry leaves.
 
     With a two-level ``layout`` (``Online(n_slots, slow=...)``) the held snapshots are in a store
     (``ck = ([handle, *tags], held)``): each segment's start is restored from it into one of the
@@ -433,9 +435,14 @@ def adjoint_while(
             order = machine.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held))
             return held[order], order, jnp.sum(held >= 0, dtype=i32)
 
-        source = BinomialSource(n_slots, ascending, n_steps, at_hand=False, with_pairs=True)
+        source = BinomialSource(
+            n_slots, ascending, n_steps, at_hand=False, with_pairs=True, rule=rule
+        )
+        data = []
+        if source.with_data:
+            data = steps.data_rows(rule.data_rows(n_slots), [*carry_bar, *carry0])
         kbar, cbar, _ = reverse(
-            steps, source, body.snapshot(carry0), slots, carry_bar, consts_bar, []
+            steps, source, body.snapshot(carry0), slots, carry_bar, consts_bar, [], data
         )
         return cbar, kbar
 

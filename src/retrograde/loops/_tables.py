@@ -111,17 +111,22 @@ _RULES: dict[type, Any] = {}
 
 
 def register_rule(kind: type, rule) -> None:
-    """Reverse the schedules of class ``kind`` whose ``binomial_stores`` are not ``None`` by the
-    machine with ``rule(schedule)`` (a :class:`._machine.Rule`) instead of Revolve's: their
-    forward sweep stores ``binomial_stores(N)``, and the segments between the stores are split
-    and made leaves (``LEAF`` or ``DATA``) by the rule. Their ``actions(N)`` must be what the
-    machine then does (Python twin: :func:`_machine_rows`)."""
+    """Reverse the schedules of class ``kind`` by the machine with ``rule(schedule)`` (a
+    :class:`._machine.Rule`) instead of Revolve's: for an offline schedule whose
+    ``binomial_stores`` are not ``None``, the forward sweep stores ``binomial_stores(N)``, and
+    the segments between the stores are split and made leaves (``LEAF`` or ``DATA``) by the
+    rule; its ``actions(N)`` must be what the machine then does (Python twin:
+    :func:`_machine_rows`). For an ``Online`` subclass, ``while_loop`` reverses the segments
+    between the snapshots it placed by the rule."""
     _RULES[kind] = rule
     tables_for.cache_clear()
 
 
-def machine_rule(schedule: OfflineSchedule) -> Rule:
-    """The rule the machine reverses ``schedule`` by (:func:`register_rule`; else Revolve's)."""
+def machine_rule(schedule: Schedule) -> Rule:
+    """The rule the machine reverses ``schedule`` by (:func:`register_rule`; else Revolve's):
+    between the stores of an offline schedule's ``binomial_stores``, or between the snapshots
+    ``Online`` placed in a ``while_loop`` (its ``snapshots`` are the state slots, its rule's
+    ``data_rows`` come in addition)."""
     for kind in type(schedule).__mro__:
         if kind in _RULES:
             return _RULES[kind](schedule)
