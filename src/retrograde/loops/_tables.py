@@ -27,6 +27,7 @@ import numpy as np
 from ..schedules import (
     Advance,
     Executor,
+    Free,
     Linearize,
     OfflineSchedule,
     Record,
@@ -253,7 +254,7 @@ def _reverse_task(a, b, slot_a, free, stack, emit, rule: Rule = REVOLVE):
         a, slot_a, at_hand = m, new, True
 
 
-_KINDS = (Advance, Store, Restore, Record, Linearize, Reverse)
+_KINDS = (Advance, Store, Restore, Free, Record, Linearize, Reverse)
 
 
 def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
@@ -285,12 +286,17 @@ def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
     # The first sweep: advance monotonically from step 0 to N - 1, storing on the way; it may
     # end with a run of linearized steps [run, at) (the first leaf reversed from data).
     stores, at, k, run = [], 0, 0, None
+    held: dict[int, int] = {}  # slot -> the step it holds at the end of the first sweep
     while k < len(actions) and type(actions[k]) not in (Record, Reverse):
         act = actions[k]
         if type(act) is Advance and act.start == at and run is None:
             at = act.stop
         elif type(act) is Store and run is None:
             stores.append((act.step, offset[act.level] + act.slot))
+            held[stores[-1][1]] = act.step
+        elif type(act) is Free:
+            if act.level in offset:
+                held.pop(offset[act.level] + act.slot, None)
         elif type(act) is Linearize and act.step == at:
             run, at = at if run is None else run, at + 1
         else:
@@ -311,13 +317,15 @@ def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
                 "slot in device memory (no level with storage='host' or 'disk')."
             )
         # The compiled forward sweep keeps u_run (the first leaf linearizes again from it): in
-        # the slot the first sweep stored it in, else in a slot of its own.
-        held = {step: slot for step, slot in stores}
-        if run not in held:
-            held[run] = n_near
-            stores.append((run, n_near))
-            n_slots = n_near + 1
-        pending = (run, at, held[run])
+        # the slot the first sweep stored it in, else in a device slot free at its end (the
+        # first leaf is the reverse sweep's first action), else in a slot of its own.
+        where = {step: slot for slot, step in held.items()}
+        if run not in where:
+            free = [slot for slot in range(n_near) if slot not in held]
+            where[run] = free[0] if free else n_near
+            stores.append((run, where[run]))
+            n_slots = max(n_slots, where[run] + 1)
+        pending = (run, at, where[run])
         relinearized = min(at, length - 1) - run
     translated = _Rows(offset, pending).run(actions[k:])
     translated.finish(schedule)
