@@ -12,7 +12,10 @@ the cotangents of ``xs`` (``O(N)``, only if wanted).
 as two plain loops, its forward part storing every state and its records reading them back, so
 most steps cost what they cost in ``jax.lax.scan``'s reverse pass; the stream comes from the
 in-graph binomial machine (``O(S)`` state) or, for schedules without a binomial reversal, from a
-table of rows.
+table of rows. A ``DATA`` leaf of ``n`` steps (mixed checkpointing) makes ``n - 1`` evaluations
+keeping each step's stored residuals in a data row, one recorded evaluation and ``n - 1``
+reversals from the rows (no evaluation); memory: ``L`` data rows of the step's stored residuals
+(``L``: the longest such leaf less one), beside the ``S`` snapshots.
 """
 
 from __future__ import annotations
