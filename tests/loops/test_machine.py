@@ -28,11 +28,13 @@ from retrograde.schedules import (
     End,
     Free,
     Level,
+    Linearize,
     Online,
     Periodic,
     RecomputeAll,
     Record,
     Restore,
+    Reverse,
     Revolve,
     Store,
     StoreAll,
@@ -51,9 +53,9 @@ from retrograde.schedules._optimum import beta, repetition
 CAPACITY = 3000
 
 
-@functools.partial(jax.jit, static_argnums=(0, 5, 6))
-def _run(n_slots, steps, slots, n_held, n, at_hand, with_pairs=False):
-    """Every action of the machine, with the slots of each leaf."""
+@functools.partial(jax.jit, static_argnums=(0, 5, 6, 7))
+def _run(n_slots, steps, slots, n_held, n, at_hand, with_pairs=False, rule=M.REVOLVE):
+    """Every action of the machine (by ``rule``), with the slots of each leaf."""
     state = M.init(n_slots, steps, slots, n_held, n, at_hand)
     acts = jnp.full((CAPACITY, 7), -1, jnp.int32)
     idxs = jnp.full((CAPACITY, n_slots + 1), -1, jnp.int32)
@@ -63,7 +65,7 @@ def _run(n_slots, steps, slots, n_held, n, at_hand, with_pairs=False):
 
     def one(c):
         st, acts, idxs, i = c
-        st, a = M.step(st, with_pairs)
+        st, a = M.step(st, with_pairs, rule)
         return (
             st,
             acts.at[i].set(jnp.stack(a)),
@@ -75,10 +77,11 @@ def _run(n_slots, steps, slots, n_held, n, at_hand, with_pairs=False):
     return acts, idxs, count
 
 
-def expand(acts, idxs, held, far=None):
+def expand(acts, idxs, held, far=None, data=0):
     """Macro-actions as schedule actions; ``held`` maps each slot to the step it holds. With
     ``far``, restores from slots ``far`` and above are from slot ``slot - far`` of level 1 (the
-    offloaded slots of ``Online(s, slow=...)``)."""
+    offloaded slots of ``Online(s, slow=...)``). A ``DATA`` leaf keeps its steps' data in slots
+    ``data``, ``data + 1``, ..."""
     held, out = dict(held), []
 
     def store(step, slot):
@@ -101,6 +104,11 @@ def expand(acts, idxs, held, far=None):
             if st >= 0:
                 store(b, st)
             continue
+        if kind == M.DATA:  # linearize, record the last step, reverse the others from data
+            out += [Linearize(k, data + k - a, 0) for k in range(a, b - 1)] + [Record(b - 1)]
+            for k in range(b - 2, a - 1, -1):
+                out += [Reverse(k, data + k - a, 0), Free(k, data + k - a, 0)]
+            continue
         if kind == M.PAIRS:  # from each u_a (held), lowest first, advance and store u_{a+1}
             for k in range(a, b, 2):
                 out += [Restore(k, idx[k - a], 0), Advance(k, k + 1)]
@@ -116,15 +124,15 @@ def expand(acts, idxs, held, far=None):
     return out + [End()]
 
 
-def machine_stats(n, n_slots, held, at_hand, with_pairs=False):
-    """Run the machine from ``held`` ({slot: step}; with ``at_hand``, ``u_{n-1}`` is the state at
-    hand) and simulate what it does, the forward sweep included."""
+def machine_stats(n, n_slots, held, at_hand, with_pairs=False, rule=M.REVOLVE):
+    """Run the machine (by ``rule``) from ``held`` ({slot: step}; with ``at_hand``, ``u_{n-1}``
+    is the state at hand) and simulate what it does, the forward sweep included."""
     pairs = sorted((p, k) for k, p in held.items())
     pad = n_slots - len(pairs)
     steps = jnp.asarray([p for p, _ in pairs] + [0] * pad, jnp.int32)
     slots = jnp.asarray([k for _, k in pairs] + [0] * pad, jnp.int32)
     acts, idxs, count = (
-        np.asarray(v) for v in _run(n_slots, steps, slots, len(pairs), n, at_hand, with_pairs)
+        np.asarray(v) for v in _run(n_slots, steps, slots, len(pairs), n, at_hand, with_pairs, rule)
     )
     assert count < CAPACITY
     forward, at = [], 0
@@ -137,9 +145,9 @@ def machine_stats(n, n_slots, held, at_hand, with_pairs=False):
     if n and at < end:
         forward.append(Advance(at, end))
     start = dict((k, p) for p, k in pairs)
-    return execute(forward + expand(acts[:count], idxs[:count], start), n, (Level(n_slots),)), int(
-        count
-    )
+    level = Level(n_slots + rule.data_rows(n_slots))  # data slots after the state slots
+    actions = forward + expand(acts[:count], idxs[:count], start, data=n_slots)
+    return execute(actions, n, (level,)), int(count)
 
 
 SCHEDULES = [

@@ -36,6 +36,7 @@ from ._primitives import (
     zero,
 )
 from ._reverse_sweep import adjoint, adjoint_while
+from ._tables import machine_rule
 from ._tan_p import apply_tangent
 
 adj_p = Primitive("retrograde_adjoint")
@@ -155,6 +156,7 @@ def _adj_impl(args, body, plan, has_snaps, ymask, keep, axes):
             keep,
             axes,
             plan.offload,
+            machine_rule(plan.schedule),
         )
         return [*cbar, *kbar]
     cbar, kbar, xbar = adjoint(

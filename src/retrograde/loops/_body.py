@@ -133,16 +133,20 @@ class Body:
     def effects(self):
         return self.jaxpr.effects
 
-    def runner(self, batched: bool = False):
-        """The function that executes one step, ``(consts, carry, x) -> (carry, y)`` as lists of
-        leaves: ``fast`` where there is one (with its guard put back when ``batched``), else
-        ``jaxpr``."""
+    def executed(self, batched: bool = False):
+        """The closed jaxpr that executes one step: ``fast`` where there is one (with its guard
+        put back when ``batched``), else ``jaxpr``."""
         jaxpr = self.jaxpr if self.fast is None else self.fast
         if batched and self.guard is not None:
             if self._guarded_fast is None:
                 self._guarded_fast = guarded(self.fast, self.guard, self.nc, self.nk)
             jaxpr = self._guarded_fast
-        fun = jex_core.jaxpr_as_fun(jaxpr)
+        return jaxpr
+
+    def runner(self, batched: bool = False):
+        """The function that executes one step, ``(consts, carry, x) -> (carry, y)`` as lists of
+        leaves (of the jaxpr :meth:`executed`)."""
+        fun = jex_core.jaxpr_as_fun(self.executed(batched))
         nk = self.nk
 
         def run(consts, carry, x):

@@ -20,6 +20,11 @@ Each :func:`step` emits one :class:`Action`:
   (:func:`leaf_slots`). A leaf is a task that Revolve reverses with no step run plainly twice
   (``n <= s + 1``, every state stored), a single step, or the run of one-step segments that ends
   the loop (``first = stop - 1``: their states are held already).
+- ``DATA``: reverse ``[start, stop)`` from the steps' data (mixed checkpointing): restore slot
+  ``restore`` (if ``>= 0``); evaluate steps ``start .. stop - 2`` keeping each one's data
+  (:mod:`._residuals`) in the leaf's data row ``n - start``; record ``stop - 1`` from the state at
+  hand; then reverse the others, last first, each from its data row, with no evaluation
+  (``first = stop - 1``: no state is stored; ``fresh = 1``).
 - ``DONE``: nothing is left.
 
 With ``with_pairs`` (static), a two-step task also takes along the run of two-step segments
@@ -35,22 +40,30 @@ where a loop ends, as far as the free slots allow (``w - 1`` of them for ``w`` s
 So a reversal's per-step work runs in plain loops (a leaf's forward and its records); the
 machine runs once per split, per leaf and per recomputation of a one-slot segment.
 
+Which segments are leaves, of which kind, and where a segment is split is a :class:`Rule`:
+:data:`REVOLVE` (every segment of ``n <= s + 1`` steps a ``LEAF``, the largest optimal split
+otherwise) unless the schedule's class registered another (:func:`._tables.register_rule`), e.g.
+one whose short segments are ``DATA`` leaves (mixed checkpointing). Segments with one slot are
+recomputed step by step whatever the rule.
+
 Integers are int32; binomials saturate at ``2**24`` (the step count must stay below that).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax, tree_util
 
+from ..schedules import largest_split as _py_largest_split
 from ._binomial import largest_split
 
 i32 = jnp.int32
 
-MOVE, LEAF, DONE, PAIRS = 0, 1, 2, 3
+MOVE, LEAF, DONE, PAIRS, DATA = 0, 1, 2, 3, 4
 # Phases: the trailing leaf, take a task, work on it, recompute a one-slot segment step by step,
 # record the last step of a split whose right part is one step, done.
 P_TRAIL, P_POP, P_TASK, P_S1, P_LAST, P_DONE = 0, 1, 2, 3, 4, 5
@@ -76,6 +89,42 @@ REGISTERS = (
     "taken",
 )
 _FLAGS = ("at_hand", "adv")
+
+
+class Rule(NamedTuple):
+    """How the machine reverses a task: a segment of ``n`` steps with ``s`` slots, its own (which
+    holds its start) and the free ones. Each function comes twice: in the graph, on int32
+    scalars, and in Python (the twin that writes the machine's actions into a table when
+    tracing, :func:`._tables._machine_rows`), which must agree everywhere.
+
+    Attributes:
+        leaf: ``(n, s) -> kind``: ``LEAF`` (store every state, ``n <= s + 1`` needed), ``DATA``
+            (reverse from data, ``n - 1 <= data_rows``) or ``-1`` (not a leaf: split it, or with
+            ``s == 1`` recompute it step by step).
+        split: ``(n, s, s_max) -> j``: the first split of a task that is not a leaf, ``s >= 2``,
+            ``1 <= j < n`` (``s_max``: the most slots a task holds, static).
+        py_leaf, py_split: the same in Python (``py_split(n, s)``).
+        state_slots: ``slots -> S``: the slots for states, of the ``slots`` the schedule may
+            hold on its first level (``max_slots``, data included).
+        data_rows: ``S -> rows``: the most data rows a ``DATA`` leaf fills (static).
+    """
+
+    leaf: Callable
+    split: Callable
+    py_leaf: Callable
+    py_split: Callable
+    state_slots: Callable
+    data_rows: Callable
+
+
+REVOLVE = Rule(
+    leaf=lambda n, s: jnp.where(n <= s + 1, LEAF, -1),
+    split=largest_split,
+    py_leaf=lambda n, s: LEAF if n <= s + 1 else -1,
+    py_split=_py_largest_split,
+    state_slots=lambda slots: slots,
+    data_rows=lambda n_slots: 0,
+)
 
 
 class Task(NamedTuple):
@@ -208,10 +257,10 @@ def _action(kind, restore=-1, start=0, stop=0, first=0, store=-1, fresh=False):
     )
 
 
-def step(st, with_pairs=False):
+def step(st, with_pairs=False, rule: Rule = REVOLVE):
     """Emit the next action. Returns ``(new_state, action)``. With ``with_pairs`` (static), a
     two-step leaf takes the run of two-step segments below it along, as a ``PAIRS`` leaf (see
-    the module docstring)."""
+    the module docstring). ``rule`` (static): leaves and splits (:class:`Rule`)."""
     r = _unpack(st)
     stack, free = st["stack"], st["free"]
     phase = r["phase"]
@@ -236,7 +285,7 @@ def step(st, with_pairs=False):
     regs = select(popping, popped, r)
     free = _write(free, r["fp"], top.release, popping & frees)
 
-    task_out, splits = _task(regs, free)
+    task_out, splits = _task(regs, free, rule)
     new, action = dict(regs, phase=i32(P_DONE)), _action(DONE)
     for k, out in (
         (P_TRAIL, _trail(regs)),
@@ -291,15 +340,16 @@ def _trail(r):
     return new, _action(LEAF, start=r["a"], stop=r["b"], first=r["b"] - 1, fresh=r["k"])
 
 
-def _task(r, free):
+def _task(r, free, rule: Rule):
     a, b, s, slot_a, at_hand = r["a"], r["b"], r["s"], r["slot_a"], r["at_hand"]
     n = b - a
     restore = jnp.where(at_hand, -1, slot_a)
-    leafy = n <= s + 1  # Revolve stores every state: a leaf (one step included)
+    kind = rule.leaf(n, s)
+    leafy = kind >= 0  # Revolve's rule: every state stored, n <= s + 1 (one step included)
     one_slot = (s == 1) & ~leafy
     trivial = leafy | one_slot | (r["phase"] != P_TASK)
     s_max = free.shape[0] + 1  # a task holds at most every slot plus its own
-    j = lax.cond(trivial, lambda: i32(1), lambda: largest_split(n, jnp.maximum(s, 2), s_max))
+    j = lax.cond(trivial, lambda: i32(1), lambda: rule.split(n, jnp.maximum(s, 2), s_max))
     m = a + j
     last = m == b - 1  # the right part is one step: advance, then record it (no snapshot)
     new_slot = _read(free, r["fp"] - 1)
@@ -313,6 +363,8 @@ def _task(r, free):
         first=a,
         fresh=(n > 1) | at_hand,
     )
+    data = _action(DATA, restore=restore, start=a, stop=b, first=b - 1, fresh=True)
+    leaf = select(kind == DATA, data, leaf)
     move = _action(
         MOVE,
         restore=restore,

@@ -352,6 +352,7 @@ class Segments:
     """
 
     with_pairs = False  # no PAIRS leaves (see _sources.BinomialSource)
+    with_data = False  # no DATA leaves
     control_apart = True  # the machine's step, as _sources.BinomialSource's
     first: jax.Array | None = None  # the first action is read as the others are
 

@@ -12,7 +12,10 @@ the cotangents of ``xs`` (``O(N)``, only if wanted).
 as two plain loops, its forward part storing every state and its records reading them back, so
 most steps cost what they cost in ``jax.lax.scan``'s reverse pass; the stream comes from the
 in-graph binomial machine (``O(S)`` state) or, for schedules without a binomial reversal, from a
-table of rows.
+table of rows. A ``DATA`` leaf of ``n`` steps (mixed checkpointing) makes ``n - 1`` evaluations
+keeping each step's stored residuals in a data row, one recorded evaluation and ``n - 1``
+reversals from the rows (no evaluation); memory: ``L`` data rows of the step's stored residuals
+(``L``: the longest such leaf less one), beside the ``S`` snapshots.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import _machine as machine
+from . import _residuals as residuals
 from ._body import Body, is_float
 from ._forward_sweep import forward
 from ._offload import Offload, Segments, tags_of
@@ -76,9 +80,11 @@ class StepRunner:
     """
 
     off: Offload | None = None
+    invariants: list | None = None  # the loop-invariant residuals, once data rows are made
 
     def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep, batched):
         self.body, self.consts, self.xs = body, consts, xs
+        self.batched = batched
         self.run = body.runner(batched)
         self.fc, self.fx = _differentiated(body, keep)
         self.fk = [is_float(a) for a in body.carry_avals]
@@ -102,16 +108,20 @@ class StepRunner:
     def advance(self, cur, a, b):
         return lax.fori_loop(a, b, lambda i, c: self.step(c, i), list(cur))
 
+    def ybar_row(self, i):
+        """The cotangents of step ``i``'s float ``y`` leaves (zeros where none is given)."""
+        return [
+            lax.dynamic_index_in_dim(yb, i, 0, keepdims=False) if yb is not None else zeros([a])[0]
+            for yb, a in zip(self.ybar_full, self.y_avals_f)
+        ]
+
     def record(self, i, cur, kbar, cbar, xbar):
         """The VJP of step ``i`` at ``cur``: the new carry cotangent, the accumulated consts
         cotangent and the ``xs`` cotangents with step ``i``'s row written."""
         consts, fc, fk, fx, fy = self.consts, self.fc, self.fk, self.fx, self.fy
         x = row(self.xs, i)
         full = self.full(cur)
-        ybar_i = [
-            lax.dynamic_index_in_dim(yb, i, 0, keepdims=False) if yb is not None else zeros([a])[0]
-            for yb, a in zip(self.ybar_full, self.y_avals_f)
-        ]
+        ybar_i = self.ybar_row(i)
 
         def merge(float_vals, all_vals, flags):
             it = iter(float_vals)
@@ -132,6 +142,61 @@ class StepRunner:
         dc, dk, dx = pullback((list(kbar), ybar_i))
         xbar = put_row(xbar, dx, i) if xbar else xbar
         return list(dk), [a + b for a, b in zip(cbar, dc)], xbar
+
+    # Steps reversed from their data (mixed checkpointing, :mod:`._residuals`).
+
+    def linearization(self) -> residuals.Linearization:
+        """The step split into its evaluation keeping its data and its VJP from that data, for
+        the leaves this sweep differentiates (held carry leaves are not)."""
+        held = iter(self.held_k)
+        dk = tuple(f and not next(held) for f in self.fk)
+        return residuals.linearization(self.body, tuple(self.fc), dk, tuple(self.fx), self.batched)
+
+    def data_rows(self, n_rows: int, deps) -> list:
+        """``n_rows`` data rows of each stored residual (zeros tied to ``deps``, as slots are:
+        :func:`._slots.zeros_after`); computes the loop-invariant residuals, once per sweep."""
+        lin = self.linearization()
+        self.invariants = lin.invariants(self.consts)
+        return zeros_after(lin.stored_avals, (n_rows,), deps)
+
+    def linearize(self, cur, i):
+        """Step ``i`` from ``cur`` keeping its data: ``(next state, stored residuals)``."""
+        new, _, data = self.linearization().linearize(self.consts, self.full(cur), row(self.xs, i))
+        return self.body.snapshot(new), data
+
+    def reverse_from(self, i, data, kbar, cbar, xbar):
+        """The VJP of step ``i`` from its stored residuals ``data`` (no evaluation), as
+        :meth:`record`."""
+        dc, dk, dx = self.linearization().vjp(
+            self.consts, row(self.xs, i), self.invariants, data, [*kbar, *self.ybar_row(i)]
+        )
+        given = iter(dk)  # for the float carry leaves not held; held ones get zeros
+        dk = [jnp.zeros_like(k) if held else next(given) for k, held in zip(kbar, self.held_k)]
+        xbar = put_row(xbar, dx, i) if xbar else xbar
+        return dk, [a + b for a, b in zip(cbar, dc)], xbar
+
+    def data_forward(self, act, cur, data):
+        """A ``DATA`` leaf's evaluations (nothing for other actions): steps ``start .. stop - 2``
+        from the state at hand, each keeping its data in row ``n - start``."""
+
+        def one(j, cs):
+            cur, data = cs
+            cur, d = self.linearize(cur, act.start + j)
+            return cur, put_row(data, d, j)
+
+        w = jnp.where(act.kind == machine.DATA, act.stop - 1 - act.start, 0)
+        return lax.fori_loop(0, w, one, (cur, data))
+
+    def data_records(self, act, data, kbar, cbar, xbar):
+        """A ``DATA`` leaf's reversals from data (nothing for other actions): steps
+        ``stop - 2`` down to ``start``, after its last step was recorded."""
+
+        def one(j, state):
+            k = act.stop - 2 - j
+            return self.reverse_from(k, row(data, k - act.start), *state)
+
+        w = jnp.where(act.kind == machine.DATA, act.stop - 1 - act.start, 0)
+        return lax.fori_loop(0, w, one, (kbar, cbar, xbar))
 
     # The macro-actions.
 
@@ -167,10 +232,11 @@ class StepRunner:
         w = jnp.where(act.kind == machine.PAIRS, (act.stop - act.start) // 2, 0)
         return lax.fori_loop(0, w, one, (cur, slots))
 
-    def leaf_records(self, act, idx, cur, slots, kbar, cbar, xbar):
+    def leaf_records(self, act, idx, cur, slots, kbar, cbar, xbar, with_data=False):
         """A leaf's records, last step first: the last from the state at hand (or its slot, if
         the leaf's last state is held), the others each straight from its slot (no state carried
-        from record to record)."""
+        from record to record). With ``with_data`` (static), a ``DATA`` leaf records only its
+        last step here (:meth:`data_records` reverses the others)."""
         last = act.stop - 1
         cur = load(slots, jnp.where(act.fresh != 0, -1, idx[last - act.start]), cur)
         state = self.record(last, cur, kbar, cbar, xbar)
@@ -179,12 +245,16 @@ class StepRunner:
             k = last - 1 - j
             return self.record(k, row(slots, idx[k - act.start]), *state)
 
-        return lax.fori_loop(0, last - act.start, one, state)
+        count = last - act.start
+        if with_data:
+            count = jnp.where(act.kind == machine.DATA, 0, count)
+        return lax.fori_loop(0, count, one, state)
 
 
-def reverse(steps: StepRunner, source: MacroActionSource, cur, slots, kbar, cbar, xbar):
+def reverse(steps: StepRunner, source: MacroActionSource, cur, slots, kbar, cbar, xbar, data=()):
     """Execute the macro-actions of ``source`` from the state ``cur`` and snapshot rows
-    ``slots``. One iteration per leaf: the moves before it (the cotangents are not operands),
+    ``slots`` (and, for ``DATA`` leaves, the data rows ``data``, :meth:`StepRunner.data_rows`).
+    One iteration per leaf: the moves before it (the cotangents are not operands),
     then the leaf, whose records run unconditionally (a conditional's untaken branch would copy
     the cotangents). The pending action travels packed in one int32[7] (its fields as loop
     state would be seven scalars, each copied per iteration)."""
@@ -210,7 +280,7 @@ def reverse(steps: StepRunner, source: MacroActionSource, cur, slots, kbar, cbar
         return m, idx, nxt
 
     def one_leaf(c):
-        m, act, cur, slots, kbar, cbar, xbar = c
+        m, act, cur, slots, data, kbar, cbar, xbar = c
         m, act, cur, slots = lax.while_loop(moving, move, (m, act, cur, slots))
         if source.control_apart:
             m, idx, nxt = once_returning(act[0] != machine.DONE, control, m)
@@ -218,18 +288,24 @@ def reverse(steps: StepRunner, source: MacroActionSource, cur, slots, kbar, cbar
             m, idx, nxt = control(m)
         act = machine.Action(*act)
         cur, slots = steps.leaf_forward(act, idx, cur, slots)
+        if source.with_data:
+            cur, data = steps.data_forward(act, cur, data)
         if source.with_pairs:
             cur, slots = steps.pairs_forward(act, idx, cur, slots)
-        kbar, cbar, xbar = steps.leaf_records(act, idx, cur, slots, kbar, cbar, xbar)
-        return (m, nxt, cur, slots, kbar, cbar, xbar)
+        kbar, cbar, xbar = steps.leaf_records(
+            act, idx, cur, slots, kbar, cbar, xbar, source.with_data
+        )
+        if source.with_data:
+            kbar, cbar, xbar = steps.data_records(act, data, kbar, cbar, xbar)
+        return (m, nxt, cur, slots, data, kbar, cbar, xbar)
 
     if source.first is None:
         m, act = next_action(source.state)
     else:  # emitted with the source's initial state
         m, act = source.state, source.first
-    state = (m, act, list(cur), list(slots), list(kbar), cbar, xbar)
+    state = (m, act, list(cur), list(slots), list(data), list(kbar), cbar, xbar)
     state = lax.while_loop(lambda c: c[1][0] != machine.DONE, one_leaf, state)
-    return state[4], state[5], state[6]
+    return state[5], state[6], state[7]
 
 
 def _cotangent_init(body, consts, xs, keep=None):
@@ -272,8 +348,11 @@ def adjoint(
         steps.off = off
         if off is not None:  # the stored snapshots are batched as u_{N-1} is
             off.tags = tags_of(snaps[ns:])
+        data = []
+        if tables.data_rows:
+            data = steps.data_rows(tables.data_rows, [*carry_bar, *carry0])
         kbar, cbar, xbar = reverse(
-            steps, source_for(tables), snaps[ns:], snaps[:ns], carry_bar, consts_bar, xs_bar
+            steps, source_for(tables), snaps[ns:], snaps[:ns], carry_bar, consts_bar, xs_bar, data
         )
         if off is not None:  # the last read of the store: release it
             off.close()
@@ -320,12 +399,14 @@ def adjoint_while(
     keep=None,
     axes=(),
     layout=None,
+    rule: machine.Rule = machine.REVOLVE,
 ):
     """Reverse ``n_steps`` steps of a body without per-step inputs or outputs.
 
     From ``ck = (slots, held)`` (the forward sweep's snapshots) or, with ``ck is None``, after
     replaying the forward sweep's placement. The segments between held snapshots are reversed by
-    the in-graph binomial machine. Returns cotangents of float consts and carry leaves.
+    the in-graph binomial machine, by ``rule`` (which may make ``DATA`` leaves). Returns
+    cotangents of float consts and carry leaves.
 
     With a two-level ``layout`` (``Online(n_slots, slow=...)``) the held snapshots are in a store
     (``ck = ([handle, *tags], held)``): each segment's start is restored from it into one of the
@@ -354,9 +435,14 @@ def adjoint_while(
             order = machine.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held))
             return held[order], order, jnp.sum(held >= 0, dtype=i32)
 
-        source = BinomialSource(n_slots, ascending, n_steps, at_hand=False, with_pairs=True)
+        source = BinomialSource(
+            n_slots, ascending, n_steps, at_hand=False, with_pairs=True, rule=rule
+        )
+        data = []
+        if source.with_data:
+            data = steps.data_rows(rule.data_rows(n_slots), [*carry_bar, *carry0])
         kbar, cbar, _ = reverse(
-            steps, source, body.snapshot(carry0), slots, carry_bar, consts_bar, []
+            steps, source, body.snapshot(carry0), slots, carry_bar, consts_bar, [], data
         )
         return cbar, kbar
 

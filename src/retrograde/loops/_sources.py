@@ -35,6 +35,7 @@ class MacroActionSource(Protocol):
         first: the first action (an int32[7], :func:`._machine.vector`) if it is emitted with
             the initial state, else ``None`` (the executor reads it with :meth:`step`).
         with_pairs: whether ``PAIRS`` leaves may come (static).
+        with_data: whether ``DATA`` leaves may come (static): steps reversed from their data.
         control_apart: whether a leaf's control (:meth:`leaf_slots` and the next :meth:`step`)
             runs in a one-trip loop of its own (:func:`._xla_cpu.once`): for a source whose
             step is many small kernels, which then run in order (docs/performance.md, "The XLA
@@ -44,6 +45,7 @@ class MacroActionSource(Protocol):
     state: Any
     first: jax.Array | None
     with_pairs: bool
+    with_data: bool
     control_apart: bool
 
     def step(self, state) -> tuple[Any, machine.Action]:
@@ -71,12 +73,15 @@ class BinomialSource:
         n_steps,
         at_hand: bool,
         with_pairs: bool = False,
+        rule: machine.Rule = machine.REVOLVE,
     ):
         """``held()``: the held snapshots ``(steps, slots, count)`` as :func:`._machine.init`
         takes them. It is traced, with the machine's initial state and first action, in a
         conditional's branch of its own (:func:`._xla_cpu.branch`), so that their many small
-        kernels run in order there."""
+        kernels run in order there. ``rule``: the machine's leaves and splits."""
         self.with_pairs = with_pairs
+        self.rule = rule
+        self.with_data = rule.data_rows(n_slots) > 0
 
         def init(n):
             st, act = self.step(machine.init(n_slots, *held(), n, at_hand))
@@ -85,7 +90,7 @@ class BinomialSource:
         _, self.state, self.first = branch(n_steps >= 0, init, jnp.asarray(n_steps, i32))
 
     def step(self, st):
-        return machine.step(st, self.with_pairs)
+        return machine.step(st, self.with_pairs, self.rule)
 
     def leaf_slots(self, st):
         return machine.leaf_slots(st, self.with_pairs)
@@ -102,6 +107,7 @@ class RowSource:
 
     def __init__(self, tables: Tables):
         self.rows = jnp.asarray(tables.rows, i32)
+        self.with_data = tables.data_rows > 0
         self.n_slots = tables.n_slots
         self.order = self.leaves = None
         if tables.leaves is not None:
@@ -142,4 +148,5 @@ def source_for(tables: Tables) -> MacroActionSource:
         lambda: (jnp.asarray(steps), jnp.asarray(slots), count),
         tables.length,
         at_hand=True,
+        rule=tables.rule,
     )

@@ -24,10 +24,20 @@ from typing import Any
 
 import numpy as np
 
-from ..schedules import Advance, Executor, OfflineSchedule, Record, Restore, Schedule, Store
-from ..schedules import largest_split as _largest_split
+from ..schedules import (
+    Advance,
+    Executor,
+    Free,
+    Linearize,
+    OfflineSchedule,
+    Record,
+    Restore,
+    Reverse,
+    Schedule,
+    Store,
+)
 from ._binomial import CAP
-from ._machine import LEAF, MOVE
+from ._machine import DATA, LEAF, MOVE, REVOLVE, Rule
 from ._offload_runs import Layout, offloaded
 
 
@@ -49,6 +59,16 @@ class Tables:
             leaf's state ``u_{start + i}`` is in slot ``own`` for ``i = 0`` and
             ``free_order[f - i]`` after (the free slots, last first), or in
             ``free_order[i]`` if ``own < 0`` (the trailing leaf, over held steps).
+        data_rows: the data rows a ``DATA`` leaf may fill (its length less one; ``0``: the
+            schedule reverses no step from data).
+        rule: the machine's leaves and splits, for the binomial reversal (``rows`` from the
+            machine, or ``None``): :func:`register_rule`.
+        relinearized: steps the schedule's first sweep linearizes that the compiled reverse
+            sweep evaluates again: the compiled forward sweep keeps snapshots, not data, so it
+            stores the state that run starts from and the first ``DATA`` leaf linearizes the run
+            from it. A compiled gradient evaluates the step ``evaluations + 1 + relinearized``
+            times (:class:`~retrograde.schedules.Stats`; the ``1``: the forward sweep's last
+            step, for ``u_N``).
     """
 
     length: int
@@ -59,6 +79,9 @@ class Tables:
     offload: Layout | None = None
     free_order: np.ndarray | None = None
     leaves: np.ndarray | None = None
+    data_rows: int = 0
+    relinearized: int = 0
+    rule: Rule = REVOLVE
 
     @property
     def held(self):
@@ -85,15 +108,51 @@ def check_offline(schedule: Schedule, where: str) -> OfflineSchedule:
     return schedule
 
 
+_RULES: dict[type, Any] = {}
+
+
+def register_rule(kind: type, rule) -> None:
+    """Reverse the schedules of class ``kind`` by the machine with ``rule(schedule)`` (a
+    :class:`._machine.Rule`) instead of Revolve's: for an offline schedule whose
+    ``binomial_stores`` are not ``None``, the forward sweep stores ``binomial_stores(N)``, and
+    the segments between the stores are split and made leaves (``LEAF`` or ``DATA``) by the
+    rule; its ``actions(N)`` must be what the machine then does (Python twin:
+    :func:`_machine_rows`). For an ``Online`` subclass, ``while_loop`` reverses the segments
+    between the snapshots it placed by the rule."""
+    _RULES[kind] = rule
+    tables_for.cache_clear()
+
+
+def machine_rule(schedule: Schedule) -> Rule:
+    """The rule the machine reverses ``schedule`` by (:func:`register_rule`; else Revolve's):
+    between the stores of an offline schedule's ``binomial_stores``, or between the snapshots
+    ``Online`` placed in a ``while_loop`` (its ``snapshots`` are the state slots, its rule's
+    ``data_rows`` come in addition)."""
+    for kind in type(schedule).__mro__:
+        if kind in _RULES:
+            return _RULES[kind](schedule)
+    return REVOLVE
+
+
 @functools.lru_cache(maxsize=128)
 def tables_for(schedule: OfflineSchedule, length: int) -> Tables:
     """Build the tables for ``schedule`` and ``length`` steps (cached)."""
     stores = schedule.binomial_stores(length)
     if stores is not None:
         # More slots than N - 1 are never used by a binomial reversal.
-        n_slots = max(1, len(stores), min(schedule.max_slots(length)[0], length - 1))
+        rule = machine_rule(schedule)
+        slots = rule.state_slots(schedule.max_slots(length)[0])
+        n_slots = max(1, len(stores), min(slots, length - 1))
         steps = np.asarray(stores, np.int32)
-        tables = Tables(length, n_slots, steps, np.arange(len(steps), dtype=np.int32), None)
+        tables = Tables(
+            length,
+            n_slots,
+            steps,
+            np.arange(len(steps), dtype=np.int32),
+            None,
+            data_rows=rule.data_rows(n_slots),
+            rule=rule,
+        )
         rows = _machine_rows(tables)
         if rows is None:
             if length >= CAP:
@@ -152,7 +211,7 @@ def _machine_rows(tables: Tables):
             if stack[-1][0] == "free":
                 free.append(stack.pop()[1])
             a, b, slot_a = stack.pop()
-            _reverse_task(a, b, slot_a, free, stack, emit)
+            _reverse_task(a, b, slot_a, free, stack, emit, tables.rule)
     except OverflowError:
         return None
     return (
@@ -162,14 +221,18 @@ def _machine_rows(tables: Tables):
     )
 
 
-def _reverse_task(a, b, slot_a, free, stack, emit):
+def _reverse_task(a, b, slot_a, free, stack, emit, rule: Rule = REVOLVE):
     """Emit the machine's actions for one task: reverse ``[a, b)`` from its slot ``slot_a`` with
-    the free slots (pushing the left parts of splits and their slot releases)."""
+    the free slots (pushing the left parts of splits and their slot releases), by ``rule``."""
     at_hand = False
     while True:
         n, s = b - a, len(free) + 1
         restore = -1 if at_hand else slot_a
-        if n <= s + 1:  # a leaf: every state stored, in its own slot then free ones
+        kind = rule.py_leaf(n, s)
+        if kind == DATA:  # a leaf reversed from data
+            emit((DATA, restore, a, b, b - 1, -1, 1), slot_a)
+            return
+        if kind == LEAF:  # a leaf: every state stored, in its own slot then free ones
             emit((LEAF, -1 if n == 1 else restore, a, b, a, -1, int(n > 1 or at_hand)), slot_a)
             return
         if s == 1:  # one slot: for k = b - 1 down to a, restore, advance to k, record k
@@ -178,7 +241,7 @@ def _reverse_task(a, b, slot_a, free, stack, emit):
                 emit((LEAF, -1, k, k + 1, k, -1, 1), slot_a)
                 restore = slot_a
             return
-        m = a + _largest_split(n, s)
+        m = a + rule.py_split(n, s)
         if m == b - 1:  # the right part is one step: advance and record it
             emit((MOVE, restore, a, m, 0, -1, 0))
             emit((LEAF, -1, m, m + 1, m, -1, 1), slot_a)
@@ -191,8 +254,11 @@ def _reverse_task(a, b, slot_a, free, stack, emit):
         a, slot_a, at_hand = m, new, True
 
 
+_KINDS = (Advance, Store, Restore, Free, Record, Linearize, Reverse)
+
+
 def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
-    actions = [a for a in schedule.actions(length) if type(a) in (Advance, Store, Restore, Record)]
+    actions = [a for a in schedule.actions(length) if type(a) in _KINDS]
     # Number the slots of all levels consecutively, device levels first.
     top: dict[int, int] = {}
     act: Any  # a Store or a Restore where read (mypy does not narrow `type(act) in (...)`)
@@ -203,7 +269,8 @@ def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
     far = {level for level in top if offloaded(levels[level])}
     near = sorted(set(top) - far)
     slots = [(lv, i) for lv in near for i in range(top[lv] + 1)]
-    n_slots = max(len(slots), 1)
+    n_near = len(slots)
+    n_slots = max(n_near, 1)
     slots += [(0, -1)] * (n_slots - len(slots))  # an unused device slot if all are offloaded
     offset = {}
     for lv in near + sorted(far):
@@ -216,53 +283,154 @@ def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
             tuple(levels), tuple(lv for lv, _ in slots), tuple(i for _, i in slots), n_slots
         )
 
-    # The first sweep: advance monotonically from step 0 to N - 1, storing on the way.
-    stores, at, k = [], 0, 0
-    while k < len(actions) and type(actions[k]) is not Record:
+    # The first sweep: advance monotonically from step 0 to N - 1, storing on the way; it may
+    # end with a run of linearized steps [run, at) (the first leaf reversed from data).
+    stores, at, k, run = [], 0, 0, None
+    held: dict[int, int] = {}  # slot -> the step it holds at the end of the first sweep
+    while k < len(actions) and type(actions[k]) not in (Record, Reverse):
         act = actions[k]
-        if type(act) is Advance and act.start == at:
+        if type(act) is Advance and act.start == at and run is None:
             at = act.stop
-        elif type(act) is Store:
+        elif type(act) is Store and run is None:
             stores.append((act.step, offset[act.level] + act.slot))
+            held[stores[-1][1]] = act.step
+        elif type(act) is Free:
+            if act.level in offset:
+                held.pop(offset[act.level] + act.slot, None)
+        elif type(act) is Linearize and act.step == at:
+            run, at = at if run is None else run, at + 1
         else:
             raise ValueError(
-                f"{schedule!r}: its first sweep (before the first Record) must only advance from "
-                f"step 0 on and store, but it has {act}."
+                f"{schedule!r}: its first sweep (before the first Record or Reverse) must only "
+                f"advance from step 0 on and store, then possibly linearize the steps up to the "
+                f"end, but it has {act}."
             )
         k += 1
-    if length and at != length - 1:
+    if length and at != length - 1 and not (run is not None and at == length):
         raise ValueError(f"{schedule!r}: the first sweep must end at step {length - 1}.")
 
-    rows = _Rows(offset).run(actions[k:]).rows
+    pending, relinearized = None, 0
+    if run is not None:
+        if layout is not None:
+            raise ValueError(
+                f"{schedule!r}: a compiled loop reverses steps from their data only with every "
+                "slot in device memory (no level with storage='host' or 'disk')."
+            )
+        # The compiled forward sweep keeps u_run (the first leaf linearizes again from it): in
+        # the slot the first sweep stored it in, else in a device slot free at its end (the
+        # first leaf is the reverse sweep's first action), else in a slot of its own.
+        where = {step: slot for slot, step in held.items()}
+        if run not in where:
+            free = [slot for slot in range(n_near) if slot not in held]
+            where[run] = free[0] if free else n_near
+            stores.append((run, where[run]))
+            n_slots = max(n_slots, where[run] + 1)
+        pending = (run, at, where[run])
+        relinearized = min(at, length - 1) - run
+    translated = _Rows(offset, pending).run(actions[k:])
+    translated.finish(schedule)
     pts = np.asarray(stores, np.int32).reshape(-1, 2)
     return Tables(
         length,
         n_slots,
         pts[:, 0].copy(),
         pts[:, 1].copy(),
-        np.asarray(_merge_moves(rows), np.int32).reshape(-1, 7),
+        np.asarray(_merge_moves(translated.rows), np.int32).reshape(-1, 7),
         layout,
+        data_rows=translated.data_rows,
+        relinearized=relinearized,
     )
 
 
 class _Rows(Executor):
-    """The reverse sweep as the machine's rows, the slots of level ``l`` from ``offset[l]`` on."""
+    """The reverse sweep as the machine's rows, the slots of level ``l`` from ``offset[l]`` on.
 
-    def __init__(self, offset: dict[int, int]):
+    Steps reversed from data come as leaves: a run of ``Linearize`` of consecutive steps
+    ``a .. b - 1`` from the state at hand, then ``Record(b - 1)`` (or ``Reverse(b - 1)``, the
+    run's last step reversed at once: as many evaluations as recording it from ``u_{b-1}``), then
+    ``Reverse`` of ``b - 2`` down to ``a``, with nothing else between them (``Free`` aside): one
+    ``DATA`` row, whose data rows are the leaf's own (the schedule's data slots are not read).
+    ``pending``: the first sweep's run ``(a, b, slot of u_a)``, if it ended with one.
+    """
+
+    def __init__(self, offset: dict[int, int], pending: tuple[int, int, int] | None = None):
         self.offset = offset
         self.rows: list[tuple[int, ...]] = []
+        self.linearized = pending  # linearized steps [a, b), u_a restored from a slot (-1: at hand)
+        self.due: list[int] = []  # steps still to reverse from the data of the last leaf
+        self.data_rows = 0
+
+    def _idle(self, act) -> None:
+        """Raise unless no leaf reversed from data is under way."""
+        if self.linearized is not None or self.due:
+            what = (
+                f"steps {self.due[-1]}..{self.due[0]} are still to be reversed from their data"
+                if self.due
+                else f"steps {self.linearized[0]}..{self.linearized[1] - 1} were linearized"
+            )
+            raise ValueError(
+                f"{act}: {what}. A compiled loop reverses steps from their data as a leaf: "
+                "Linearize of consecutive steps from the state at hand, Record (or Reverse) of the "
+                "last, then Reverse of the others, last first, with nothing else between them."
+            )
 
     def restore(self, act: Restore) -> None:
+        self._idle(act)
         self.rows.append((MOVE, self.offset[act.level] + act.slot, act.step, act.step, 0, -1, 0))
 
     def advance(self, act: Advance) -> None:
+        self._idle(act)
         self.rows.append((MOVE, -1, act.start, act.stop, 0, -1, 0))
 
     def store(self, act: Store) -> None:
+        self._idle(act)
         self.rows.append((MOVE, -1, act.step, act.step, 0, self.offset[act.level] + act.slot, 0))
 
     def record(self, act: Record) -> None:  # a one-step leaf from the state at hand
+        if self.linearized is not None and not self.due and act.step == self.linearized[1]:
+            self._data_leaf(act.step + 1)
+            return
+        self._idle(act)
         self.rows.append((LEAF, -1, act.step, act.step + 1, act.step, -1, 1))
+
+    def linearize(self, act: Linearize) -> None:
+        if self.linearized is not None and not self.due and act.step == self.linearized[1]:
+            self.linearized = (self.linearized[0], act.step + 1, self.linearized[2])
+            return
+        self._idle(act)
+        self.linearized = (act.step, act.step + 1, -1)
+
+    def reverse(self, act: Reverse) -> None:
+        if self.due and act.step == self.due[-1]:
+            self.due.pop()
+            return
+        if self.linearized is not None and not self.due and act.step == self.linearized[1] - 1:
+            self._data_leaf(act.step + 1)
+            return
+        self._idle(act)
+        raise ValueError(f"{act}: the step was not linearized in the leaf being reversed.")
+
+    def _data_leaf(self, stop: int) -> None:
+        """The ``DATA`` row of the run ``[a, stop)`` (its last step recorded from the state at
+        hand); a restore just before it becomes the row's own."""
+        start, _, restore = self.linearized
+        prev = self.rows[-1] if self.rows else None
+        if (
+            restore < 0
+            and prev is not None
+            and prev[0] == MOVE
+            and prev[2] == prev[3] == start
+            and prev[5] < 0
+        ):
+            restore = self.rows.pop()[1]
+        self.rows.append((DATA, restore, start, stop, stop - 1, -1, 1))
+        self.data_rows = max(self.data_rows, stop - 1 - start)
+        self.linearized, self.due = None, list(range(start, stop - 1))
+
+    def finish(self, schedule) -> None:
+        """Raise if the stream ended inside a leaf reversed from data."""
+        if self.linearized is not None or self.due:
+            raise ValueError(f"{schedule!r}: its actions end inside a leaf reversed from data.")
 
 
 def _merge_moves(rows):

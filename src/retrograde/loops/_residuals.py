@@ -1,0 +1,209 @@
+"""The data of a step: the residuals its VJP keeps, split off the traced body.
+
+Mixed checkpointing (``Linearize``/``Reverse``, :mod:`retrograde.schedules`) keeps, instead of a
+state, the data one step's adjoint needs, and reverses the step from it with no forward
+evaluation. In JAX that data is what ``jax.vjp`` keeps: :func:`linearization` splits the step
+``(consts, carry, x) -> (carry, y)`` as ``jax.linearize`` and ``lax.scan``'s partial-evaluation
+rule do, by partially evaluating its JVP with the primal inputs known and the tangents unknown:
+
+- the *known* part ``(consts, carry, x) -> (carry, y, residuals)`` evaluates the step once and
+  keeps the residuals (a callback in the step runs there, once);
+- the *linear* part ``(residuals, tangents) -> tangent outputs`` is linear in the tangents; its
+  transpose is the step's VJP from the residuals alone.
+
+Each residual is one of: a const of the loop (read from the consts, never stored), a row of
+``xs`` (read from ``xs``), loop-invariant (computed from the consts alone, once per sweep), or
+*stored*: only these go into a data slot. :attr:`Linearization.data_bytes` is their size, and
+:func:`data_size` that size relative to a state's (the snapshot leaves of the carry).
+
+Traced unbatched, as the sweeps are (a batched loop runs its program under ``jax.vmap``).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import NamedTuple
+
+import jax
+from jax.extend import core as jex_core
+
+from .._jax_private import ad, core, pe
+from ._body import Body, cut, is_float
+
+Mask = tuple[bool, ...]
+
+#: Where a residual comes from: a const, a row of xs, loop-invariant, or stored per step.
+CONST, X, INVARIANT, STORED = "const", "x", "invariant", "stored"
+
+
+class Source(NamedTuple):
+    """Where a residual of the linear part is read from: ``kind``, and ``at``: the index of the
+    const, ``x`` leaf, invariant or stored residual."""
+
+    kind: str
+    at: int
+
+
+def nbytes(avals) -> int:
+    """Bytes of arrays of these abstract values."""
+    return sum(math.prod(a.shape) * a.dtype.itemsize for a in avals)
+
+
+class Linearization:
+    """A step split into its known part (the step and its residuals) and its linear part.
+
+    ``dc``, ``dk``, ``dx``: which leaves of consts, carry and x are differentiated (float leaves
+    only); cotangents come for those, and for every float carry and ``y`` output.
+
+    Attributes:
+        stored_avals: the abstract values of the stored residuals (one data slot holds one each).
+        data_bytes: their size in bytes.
+        sources: per residual of the linear part, where it is read from (:class:`Source`).
+    """
+
+    def __init__(self, step, nc: int, nk: int, nx: int, dc: Mask, dk: Mask, dx: Mask):
+        self.nc, self.nk, self.nx = nc, nk, nx
+        self.dc, self.dk, self.dx = dc, dk, dx
+        out_avals = step.out_avals
+        self.n_out = len(out_avals)
+        self.float_out = [is_float(a) for a in out_avals]
+        jvp, out_nz = ad.jvp_jaxpr(step, [*dc, *dk, *dx], instantiate=self.float_out)
+        assert list(out_nz) == self.float_out, (out_nz, self.float_out)
+        n_in, n_t = len(step.in_avals), sum(dc) + sum(dk) + sum(dx)
+        known, linear, out_uk, _ = pe.partial_eval_jaxpr_nounits(
+            jvp, [False] * n_in + [True] * n_t, [False] * self.n_out + [True] * sum(out_nz)
+        )
+        assert not any(out_uk[: self.n_out]), "a primal output depends on a tangent"
+        self.known, self.linear = known, linear
+        self.tangent_avals = linear.in_avals[len(linear.in_avals) - n_t :]
+        self.sources, self.invariant, stored = _classify(known, nc, nk, self.n_out)
+        self.stored_avals = [v.aval for v in stored]
+        self.data_bytes = nbytes(self.stored_avals)
+        self._run_known = jex_core.jaxpr_as_fun(known)
+        self._run_linear = jex_core.jaxpr_as_fun(linear)
+        self._run_invariant = jex_core.jaxpr_as_fun(self.invariant)
+        self._stored_at = [i for i, s in enumerate(self.sources) if s.kind == STORED]
+        self._first: dict[
+            int, int
+        ] = {}  # position of a stored residual's first occurrence (duplicates share)
+        for i in self._stored_at:
+            self._first.setdefault(self.sources[i].at, i)
+
+    def invariants(self, consts) -> list:
+        """The loop-invariant residuals (from the consts alone): computed once per sweep."""
+        return list(self._run_invariant(*consts[: self.nc]))
+
+    def linearize(self, consts, carry, x):
+        """Evaluate the step keeping its data: ``(carry, y, stored)``, the stored residuals
+        (one evaluation of the step)."""
+        out = self._run_known(*consts, *carry, *x)
+        new, res = out[: self.n_out], out[self.n_out :]
+        stored = [res[self._first[j]] for j in range(len(self.stored_avals))]
+        return list(new[: self.nk]), list(new[self.nk :]), stored
+
+    def vjp(self, consts, x, invariants, stored, cotangents):
+        """The step's VJP from its data: ``cotangents`` over the float carry outputs, then the
+        float ``y`` outputs; returns the cotangents of the differentiated consts, carry and x
+        leaves ``(dc, dk, dx)`` (no evaluation of the step)."""
+        picks = {CONST: consts, X: x, INVARIANT: invariants, STORED: stored}
+        res = [picks[s.kind][s.at] for s in self.sources]
+        run = self._run_linear
+        transpose = jax.linear_transpose(
+            lambda *t: run(*res, *t),
+            *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self.tangent_avals),
+        )
+        cts = transpose(list(cotangents))
+        dc, dk, dx = cut(cts, [sum(self.dc), sum(self.dk), sum(self.dx)])
+        return list(dc), list(dk), list(dx)
+
+
+def _classify(known, nc: int, nk: int, n_out: int):
+    """The residuals of the known part ``known`` (its outputs after the first ``n_out``): each
+    one's :class:`Source`, the closed jaxpr ``consts -> invariant residuals`` and the stored
+    residuals' variables (one per distinct variable)."""
+    jaxpr = known.jaxpr
+    invars = jaxpr.invars
+    position = {v: i for i, v in enumerate(invars)}
+    # Variables that change from step to step: the carry and x inputs, and whatever an equation
+    # computes from them or with an effect (a callback's result is never hoisted).
+    varies = set(invars[nc:])
+    for eqn in jaxpr.eqns:
+        if eqn.effects or any(isinstance(v, jex_core.Var) and v in varies for v in eqn.invars):
+            varies.update(eqn.outvars)
+    sources: list[Source] = []
+    invariant: list = []
+    stored: list = []
+    for v in jaxpr.outvars[n_out:]:
+        i = position.get(v) if isinstance(v, jex_core.Var) else None
+        if i is not None and i < nc:
+            sources.append(Source(CONST, i))
+        elif i is not None and i >= nc + nk:
+            sources.append(Source(X, i - nc - nk))
+        elif i is None and not (isinstance(v, jex_core.Var) and v in varies):
+            sources.append(Source(INVARIANT, len(invariant)))
+            invariant.append(v)
+        else:  # a carry input (the state's leaf) or computed from the state
+            if v not in stored:
+                stored.append(v)
+            sources.append(Source(STORED, stored.index(v)))
+    return sources, _slice(known, invariant, nc), stored
+
+
+def _slice(known, outvars, nc: int):
+    """The closed jaxpr ``consts -> outvars`` of the equations of ``known`` these need (none
+    with an effect: :func:`_classify` counts their results as varying)."""
+    jaxpr = known.jaxpr
+    needed = {v for v in outvars if isinstance(v, jex_core.Var)}
+    eqns = []
+    for eqn in reversed(jaxpr.eqns):
+        if any(v in needed for v in eqn.outvars):
+            eqns.append(eqn)
+            needed.update(v for v in eqn.invars if isinstance(v, jex_core.Var))
+    sliced = jaxpr.replace(
+        invars=jaxpr.invars[:nc], outvars=list(outvars), eqns=eqns[::-1], effects=core.no_effects
+    )
+    return jex_core.ClosedJaxpr(sliced, known.consts)
+
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def linearization(body: Body, dc: Mask, dk: Mask, dx: Mask, batched: bool = False):
+    """The :class:`Linearization` of the step ``body`` executes (``body.executed``), for the
+    leaves selected by the masks (memoised per body)."""
+    per_body = _CACHE.setdefault(body, {})
+    key = (dc, dk, dx, batched)
+    if key not in per_body:
+        per_body[key] = Linearization(body.executed(batched), body.nc, body.nk, body.nx, dc, dk, dx)
+    return per_body[key]
+
+
+def every_float(body: Body) -> tuple[Mask, Mask, Mask]:
+    """Masks selecting every float leaf of consts, carry and x."""
+    return tuple(  # type: ignore[return-value]
+        tuple(is_float(a) for a in avals)
+        for avals in (body.const_avals, body.carry_avals, body.x_avals)
+    )
+
+
+def data_size(body: Body) -> float:
+    """The data of one step of ``body`` in states: the bytes of its stored residuals when every
+    float leaf is differentiated (a first-order gradient), over the bytes of a state (the
+    carry leaves a snapshot holds). ``inf`` for a state of no bytes with some data."""
+    lin = linearization(body, *every_float(body))
+    state = nbytes(body.snapshot_avals)
+    if state == 0:
+        return 0.0 if lin.data_bytes == 0 else math.inf
+    return lin.data_bytes / state
+
+
+def measure(f, init, x=None) -> float:
+    """The data size (:func:`data_size`) of the step of ``retrograde.scan(f, init, xs)``, ``x``
+    one row of ``xs``: ``f(carry, x) -> (carry, y)``, traced once (its closed-over arrays are
+    its consts)."""
+    closed = jax.make_jaxpr(f)(init, x)
+    nk, nx = len(jax.tree_util.tree_leaves(init)), len(jax.tree_util.tree_leaves(x))
+    consts = list(closed.consts)
+    jaxpr = pe.convert_constvars_jaxpr(closed.jaxpr)
+    return data_size(Body(jex_core.ClosedJaxpr(jaxpr, ()), len(consts), nk, nx))

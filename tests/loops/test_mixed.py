@@ -1,0 +1,384 @@
+"""Mixed checkpointing in the compiled loops: steps reversed from their data (issue #35).
+
+A ``DATA`` leaf evaluates its steps once, keeping each one's residuals (``_residuals``), and
+transposes them from those in reverse order. The schedules are test-owned
+(``_mixed_schedules``): ``DataLeaves`` streams ``Linearize``/``Reverse`` through the row tables,
+``BinomialData`` runs the binomial machine with a rule whose short segments are ``DATA`` leaves.
+
+- Evaluations (a ``jax.debug.callback`` counter in the step): a compiled gradient makes the
+  schedule's ``plain + linearized + recorded`` evaluations, plus one (the forward sweep's last
+  step, for ``u_N``), plus ``relinearized`` (a first sweep that ends by linearizing steps keeps
+  the state the run starts from, not the data, and the reverse sweep linearizes them again).
+- Every derivative against ``jax.lax.scan`` / ``jax.lax.fori_loop`` in float64.
+- Temp memory within the slots' bytes (states and data rows) plus the constant of the
+  ``Revolve`` programs, and flat in ``N``.
+- ``while_loop``: the segments between the snapshots ``Online`` placed, reversed by the machine
+  with a ``DATA`` rule (``DataOnline``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import retrograde
+from retrograde import schedules as rs
+from retrograde.loops import _residuals, _tables
+from retrograde.loops._body import Body
+
+from . import _problems as P
+from ._mixed_schedules import BinomialData, DataLeaves, DataOnline, data_rule, online_data_rule
+from .test_machine import _run, machine_stats
+from .test_scan import _transforms_program, _transforms_reference
+
+RTOL = 1e-12
+CALLS: list[int] = []
+
+
+# ----------------------------------------------------------------------------- the test schedules
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 20, 40])
+def test_test_schedules_are_valid(n):
+    """The simulator runs both test schedules (every action valid, slots within the level) and
+    counts their evaluations; with data, fewer than Revolve's with as many state slots."""
+    for schedule in (
+        DataLeaves(3, 4),
+        DataLeaves(1, 3),
+        DataLeaves(2, 3, False),
+        BinomialData(3, 3),
+        BinomialData(1, 3),
+    ):
+        stats = rs.simulate(schedule, n)
+        assert stats.recorded + stats.reversed == n
+        assert stats.evaluations <= rs.simulate(rs.Revolve(schedule.snapshots), n).evaluations
+        # (the machine recomputes a segment left with one slot step by step, whatever the rule)
+        assert stats.linearized > 0 or n < 3 or schedule == BinomialData(1, 3)
+
+
+def test_machine_data_leaves_are_its_twins():
+    """With a rule making ``DATA`` leaves, the in-graph machine emits exactly the rows its Python
+    twin writes when tracing."""
+    for schedule, n in ((BinomialData(3, 3), 57), (BinomialData(5, 2), 20)):
+        tables = _tables.tables_for(schedule, n)
+        steps, slots, count = tables.held
+        acts, _, k = (
+            np.asarray(v)
+            for v in _run(
+                tables.n_slots,
+                jnp.asarray(steps),
+                jnp.asarray(slots),
+                count,
+                n,
+                True,
+                False,
+                data_rule(schedule),
+            )
+        )
+        k = int(k) - 1
+        assert tables.rows.tolist() == acts[:k].tolist(), (schedule, n)
+        assert tables.data_rows == schedule.leaf - 1
+
+
+# ----------------------------------------------------------------------------- the data of a step
+
+
+def _split_step(consts, carry, x):
+    (w, th), (u, n) = consts, carry
+    jax.debug.callback(lambda: CALLS.append(1), ordered=False)
+    h = jnp.tanh((w + w.T) @ u) * jnp.sin(th) + jnp.exp(th) * x
+    return (h, n + 1), jnp.sum(h * u)
+
+
+def test_residuals_are_sorted_and_transpose_to_the_vjp():
+    """The residuals of ``tanh((W + W^T) u) sin(th) + exp(th) x``: ``W + W^T`` and the functions
+    of ``th`` are loop-invariant, ``x`` is read from ``xs``, and only the state's functions are
+    stored; the step's VJP from them equals ``jax.vjp``'s, and the step (its callback) runs once,
+    when its data is kept."""
+    rng = np.random.default_rng(0)
+    w, th = jnp.asarray(rng.standard_normal((3, 3))), jnp.float64(0.3)
+    u, x = jnp.asarray(rng.standard_normal(3)), jnp.float64(0.7)
+    closed = jax.make_jaxpr(_split_step)((w, th), (u, jnp.int32(0)), x)
+    body = Body(closed, 2, 2, 1)
+    lin = _residuals.linearization(body, *_residuals.every_float(body))
+    kinds = [s.kind for s in lin.sources]
+    assert kinds.count(_residuals.INVARIANT) == 4  # W + W^T, sin, cos, exp of th
+    assert kinds.count(_residuals.X) == 1
+    assert lin.stored_avals and all(a.shape == (3,) for a in lin.stored_avals)
+    assert lin.data_bytes == 24 * len(lin.stored_avals)
+    CALLS.clear()
+    _, _, data = lin.linearize([w, th], [u, jnp.int32(0)], [x])
+    jax.effects_barrier()
+    assert len(CALLS) == 1
+    kbar, ybar = jnp.asarray(rng.standard_normal(3)), jnp.float64(0.5)
+    dc, dk, dx = lin.vjp([w, th], [x], lin.invariants([w, th]), data, [kbar, ybar])
+    _, pullback = jax.vjp(
+        lambda w, th, u, x: (lambda o: (o[0][0], o[1]))(_split_step((w, th), (u, 0), x)),
+        w,
+        th,
+        u,
+        x,
+    )
+    P.assert_close([*dc, *dk, *dx], list(pullback((kbar, ybar))), 1e-14, "vjp from data")
+
+
+def test_data_size_is_measured_from_the_step():
+    """Data sizes in states, every float leaf differentiated (parameters included)."""
+    a = 0.5 * jnp.eye(4)
+    u = jnp.ones(4)
+    # A linear step keeps its input (for the parameter's cotangent): one state.
+    assert _residuals.measure(lambda u, x: (a @ u, None), u) == 1.0
+    assert _residuals.measure(lambda u, x: (u + 0.01 * jnp.sin(0.7 * u), None), u) == 1.0
+    # u (for a), tanh and 1 - tanh^2 (JAX's linearisation of tanh).
+    assert _residuals.measure(lambda u, x: (u + 0.01 * jnp.tanh(a @ u), None), u) == 3.0
+    # A step that only reads its parameters from the state keeps nothing.
+    assert _residuals.measure(lambda u, x: (u + x, None), u, jnp.ones(4)) == 0.0
+
+
+# ----------------------------------------------------------------------------- evaluations
+
+
+def _count_loss(schedule, n, theta, u0):
+    """With ``schedule=None``, through ``jax.lax.scan``."""
+
+    def step(u, x):
+        jax.debug.callback(lambda: CALLS.append(1), ordered=False)
+        return u + 0.1 * jnp.sin(theta * u) * x + 0.05 * jnp.tanh(u[::-1]), jnp.sum(u) * x
+
+    scan = jax.lax.scan if schedule is None else P.rscan(schedule)
+    u, ys = scan(step, u0, jnp.linspace(0.5, 1.5, n))
+    return jnp.sum(u**2) + jnp.sum(ys**2)
+
+
+def _count(fun, *args) -> int:
+    CALLS.clear()
+    jax.block_until_ready(fun(*args))
+    jax.effects_barrier()
+    return len(CALLS)
+
+
+ARGS = (jnp.float64(0.7), jnp.array([0.2, -0.3, 0.5]))
+COUNTED = [DataLeaves(3, 4), DataLeaves(2, 3, False), BinomialData(3, 3)]
+
+
+@pytest.mark.parametrize("schedule", COUNTED, ids=repr)
+def test_gradient_count(schedule):
+    n = 20
+    stats, tables = rs.simulate(schedule, n), _tables.tables_for(schedule, n)
+    assert stats.linearized > 0
+    grad = jax.jit(jax.grad(functools.partial(_count_loss, schedule, n), argnums=(0, 1)))
+    assert _count(grad, *ARGS) == stats.evaluations + 1 + tables.relinearized
+    # The first sweep of DataLeaves ends by linearizing: its run is linearized again.
+    assert (tables.relinearized > 0) == isinstance(schedule, DataLeaves)
+
+
+def test_gradient_count_on_the_machine(monkeypatch):
+    """``BinomialData`` run by the in-graph machine (no rows): the same evaluations, and the
+    gradient of ``jax.lax.scan``."""
+    schedule, n = BinomialData(2, 4), 20
+    stats = rs.simulate(schedule, n)
+    monkeypatch.setattr(_tables, "ROW_LIMIT", 0)
+    _tables.tables_for.cache_clear()
+    try:
+        assert _tables.tables_for(schedule, n).rows is None
+        grad = jax.jit(jax.grad(functools.partial(_count_loss, schedule, n), argnums=(0, 1)))
+        assert _count(grad, *ARGS) == stats.evaluations + 1
+        ref = jax.jit(jax.grad(functools.partial(_count_loss, None, n), argnums=(0, 1)))(*ARGS)
+        P.assert_close(grad(*ARGS), ref, RTOL, "gradient on the machine")
+    finally:
+        _tables.tables_for.cache_clear()
+
+
+def test_hvp_count():
+    """``jvp(grad)``: the gradient's evaluations plus the tangent loop's ``N``; the augmented
+    reverse sweep reads the forward's snapshots and their tangents, and reverses its own data
+    leaves (the augmented step's residuals)."""
+    schedule, n = DataLeaves(3, 4), 20
+    stats, tables = rs.simulate(schedule, n), _tables.tables_for(schedule, n)
+    L = functools.partial(_count_loss, schedule, n)
+    hvp = jax.jit(lambda th, u0: jax.jvp(jax.grad(L, argnums=(0, 1)), (th, u0), (1.0, u0)))
+    assert _count(hvp, *ARGS) == stats.evaluations + 1 + tables.relinearized + n
+
+
+# ----------------------------------------------------------------------------- against jax.lax
+
+
+@pytest.mark.slow
+def test_every_first_order_transformation():
+    """grad, vjp, jvp, linearize, linear_transpose, jacfwd, jacrev, vmap and vmap(grad) on the
+    pytree problem (int counter, xs, ys, closed-over parameters), as ``tests/loops/test_scan.py``
+    checks them for the other schedules (slow: 7 s, mostly compiling; the derivatives the brief
+    names run below in one program)."""
+    args, ref = _transforms_reference(7)
+    got = _transforms_program(P.rscan(DataLeaves(2, 3)))(*args)
+    failures = [k for k in ref if not P.rel_err(got[k], ref[k]) <= RTOL]
+    assert not failures, failures
+
+
+def _higher(scan, fori):
+    """grad, jvp, HVP, grad of grad and vmap(grad) of the small problem (int counter, xs, ys,
+    closed-over parameters), and the gradient and HVP of a fori_loop."""
+    L = functools.partial(P.small_loss, scan)
+
+    def f(p, u0, xs, du):
+        out = {}
+        out["grad"] = jax.grad(L, argnums=(0, 1, 2))(p, u0, xs)
+        out["jvp"] = jax.jvp(lambda u, xs: L(p, u, xs), (u0, xs), (du, jnp.cos(xs)))
+        out["hvp"] = jax.jvp(lambda u: jax.grad(L, argnums=(0, 1))(p, u, xs), (u0,), (du,))
+        out["grad_grad"] = jax.grad(
+            lambda p, xs: jnp.sum(jax.grad(L, argnums=1)(p, u0, xs) ** 2), argnums=(0, 1)
+        )(p, xs)
+        bs = p["b"] * jnp.array([1.0, 1.3, 0.7])
+        out["vmap_grad"] = jax.vmap(lambda b: jax.grad(L, argnums=(1, 2))(dict(p, b=b), u0, xs))(bs)
+
+        def fl(th, u):
+            u = fori(0, xs.shape[0], lambda i, u: u + 0.1 * jnp.sin(th * u + xs[i]), u)
+            return jnp.sum(u**3)
+
+        out["fori_grad"] = jax.grad(fl, argnums=(0, 1))(p["b"], u0)
+        out["fori_hvp"] = jax.jvp(lambda u: jax.grad(fl, argnums=1)(p["b"], u), (u0,), (du,))
+        return out
+
+    return P.jit(f)
+
+
+@functools.cache
+def _higher_reference(n):
+    args = (P.small_params(), P.small_u0(), P.small_xs(n), jnp.array([0.3, -1.1]))
+    return args, _higher(P.lax_scan, jax.lax.fori_loop)(*args)
+
+
+def test_higher_orders_and_fori_loop():
+    schedule = DataLeaves(2, 3)
+    args, ref = _higher_reference(11)
+    fori = functools.partial(retrograde.fori_loop, schedule=schedule)
+    got = _higher(P.rscan(schedule), fori)(*args)
+    failures = [f"{k}: {P.rel_err(got[k], ref[k]):.1e}" for k in ref]
+    assert all(P.rel_err(got[k], ref[k]) <= 1e-10 for k in ref), failures
+
+
+# ----------------------------------------------------------------------------- while_loop
+
+
+def test_while_loop_reverses_online_segments_from_data():
+    """``while_loop`` with ``DataOnline``: the segments between the snapshots ``Online`` placed
+    are reversed by the machine with a ``DATA`` rule; its evaluations are the machine's (run on
+    the same snapshots and simulated), fewer than ``Online``'s, and the gradient is that of
+    ``jax.lax.fori_loop``."""
+    n, s = 60, 4
+    schedule = DataOnline(s, leaf=3)
+
+    def f(loop, theta):
+        def body(st):
+            jax.debug.callback(lambda: CALLS.append(1), ordered=False)
+            return st[0] + 1, st[1] + 0.001 * jnp.sin(theta * st[1])
+
+        return jnp.sum(loop(body, (0, jnp.ones(2)))[1])
+
+    ours = functools.partial(retrograde.while_loop, lambda st: st[0] < n, schedule=schedule)
+    grad = jax.jit(jax.grad(functools.partial(f, ours)))
+    held = [-1] * s
+    for step in range(n):
+        k = rs.online_store_slot(step, held, s)
+        if k >= 0:
+            held[k] = step
+    placed = {k: p for k, p in enumerate(held) if p >= 0}
+    stats, _ = machine_stats(n, s, placed, False, with_pairs=True, rule=online_data_rule(schedule))
+    assert stats.linearized > 0
+    assert _count(grad, 0.5) == stats.evaluations
+    assert stats.evaluations < rs.simulate(rs.Online(s), n).evaluations
+    lax = lambda body, init: jax.lax.fori_loop(0, n, lambda i, st: body(st), init)
+    ref = jax.jit(jax.grad(functools.partial(f, lax)))(0.5)
+    P.assert_close(grad(0.5), ref, RTOL, "while_loop gradient")
+
+
+# ----------------------------------------------------------------------------- memory
+
+D = 1000  # carry size (float64)
+CARRY = 8 * D
+
+
+def _temp(schedule, n, order):
+    def loss(theta, u0):
+        step = lambda u, _: (u + 0.01 * jnp.sin(theta * u), None)
+        return jnp.sum(retrograde.scan(step, u0, None, length=n, schedule=schedule)[0] ** 2)
+
+    program = jax.grad(loss, argnums=(0, 1))
+    if order == "hvp":
+        program = lambda th, u0: jax.jvp(
+            lambda u: jax.grad(loss, argnums=1)(th, u), (u0,), (jnp.ones_like(u0),)
+        )[1]
+    compiled = jax.jit(program).lower(jnp.float64(0.5), jnp.ones(D)).compile()
+    stats = compiled.memory_analysis()
+    if stats is None or getattr(stats, "temp_size_in_bytes", None) is None:
+        pytest.skip("this backend reports no memory analysis")
+    return stats.temp_size_in_bytes
+
+
+@pytest.mark.parametrize("order", ["grad", "hvp"])
+def test_memory_within_the_slots_and_flat(order):
+    """The step ``u + 0.01 sin(theta u)`` keeps 1 state of data (``cos(theta u)``; ``u`` for
+    theta's cotangent is the state's own leaf, 2 with it): temp memory at most the slots' bytes
+    (states, data rows) plus the 6 carries of the first-order Revolve programs
+    (``tests/loops/test_memory.py``), twice that for an HVP, and the same at ``N = 10000`` as at
+    ``1000``."""
+    schedule = DataLeaves(10, 4)
+    sizes = {}
+    for n in (1000, 10000):
+        tables = _tables.tables_for(schedule, n)
+        data = 2 * CARRY  # cos(theta u) and u, per step
+        slots = tables.n_slots * CARRY + tables.data_rows * data
+        factor = 1 if order == "grad" else 2
+        sizes[n] = temp = _temp(schedule, n, order)
+        print(f"{order}, N = {n}: {temp / CARRY:.1f} carries, slots {slots / CARRY:.0f}")
+        assert temp <= factor * (slots + 6 * CARRY), (order, n, temp / CARRY)
+    # Flat in N, but for the slot that keeps the start of the first sweep's linearized run
+    # (where the schedule did not store it).
+    assert sizes[10000] <= sizes[1000] + factor * CARRY
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+class _Stream(rs.OfflineSchedule):
+    def __init__(self, actions):
+        self._actions = actions
+
+    def actions(self, n_steps):
+        yield from self._actions
+
+
+def test_unsupported_data_streams_name_the_action():
+    """Data must be reversed in the leaf that linearized it, whole."""
+    L, R, Rec = rs.Linearize, rs.Reverse, rs.Record
+    cases = {
+        # data kept across another leaf
+        "still to be reversed": [
+            rs.Store(0, 0),
+            L(0, 1),
+            L(1, 2),
+            Rec(2),
+            R(1, 2),
+            rs.Restore(0, 0),
+            Rec(0),
+            rs.End(),
+        ],
+        "not linearized in the leaf": [
+            rs.Store(0, 0),
+            rs.Advance(0, 2),
+            Rec(2),
+            rs.Restore(0, 0),
+            rs.Advance(0, 1),
+            Rec(1),
+            R(0, 1),
+            rs.End(),
+        ],
+        "end inside a leaf": [rs.Store(0, 0), rs.Advance(0, 1), L(1, 1), Rec(2), rs.End()],
+    }
+    for message, actions in cases.items():
+        with pytest.raises(ValueError, match=message):
+            _tables.tables_for(_Stream(actions), 3)
