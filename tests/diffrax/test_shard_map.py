@@ -86,7 +86,14 @@ MODES = {
 }
 
 
-CASES = [("euler", m) for m in MODES] + [("reversible_heun_adaptive", m) for m in ("grad", "hvp")]
+# Second order costs compile time (CheckpointAdjoint's, issue 33): grad of grad and the adaptive
+# HVP run with the slow tests (`make test-all`).
+_SLOW = {("euler", "grad_of_grad"), ("reversible_heun_adaptive", "hvp")}
+CASES = [
+    pytest.param(*c, marks=pytest.mark.slow) if c in _SLOW else c
+    for c in [("euler", m) for m in MODES]
+    + [("reversible_heun_adaptive", m) for m in ("grad", "hvp")]
+]
 
 
 @pytest.mark.parametrize(("solver", "mode"), CASES)
