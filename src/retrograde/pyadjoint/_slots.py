@@ -32,6 +32,7 @@ from .._store import Disk, level_storage
 from ..schedules import Level
 
 __all__ = [
+    "Snapshot",
     "MemoryStore",
     "DiskStore",
     "PackageDiskStore",
@@ -40,6 +41,25 @@ __all__ = [
     "materialise",
     "as_checkpoint",
 ]
+
+
+class Snapshot:
+    """The entries of one stored state, or with ``data`` of one step's data: ``step``, the
+    level's ``store``, ``entries`` (block variable -> entry)."""
+
+    __slots__ = ("step", "store", "entries", "level", "data")
+
+    def __init__(self, step: int, level: int, store, data: bool = False):
+        self.step = step
+        self.level = level
+        self.store = store
+        self.data = data
+        self.entries: dict = {}
+
+    def release(self) -> None:
+        for entry in self.entries.values():
+            self.store.free(entry)
+        self.entries = {}
 
 
 def is_delegated(value) -> bool:
