@@ -59,9 +59,29 @@ def np_forward(n, s, p):
 
 def np_vjp(n, s, p, sbar):
     u0, m0 = s["u"], s["memo"]
-    a, c = p["a"], p["c"]
     m1 = np.tanh(u0) if n % 3 == 0 else m0
-    u1 = u0 + c * m1**2 if n % 3 == 2 else u0
+    u1 = u0 + p["c"] * m1**2 if n % 3 == 2 else u0
+    return np_vjp_from(n, {"u1": u1, "m1": m1}, p, sbar)
+
+
+def np_linearize(n, s, p):
+    """``np_forward`` that also returns the data its adjoint reads: the state after the memo
+    update (``u1``, ``m1``); updates ``s`` in place (the data are copies made first)."""
+    u, m = s["u"], s["memo"]
+    if n % 3 == 0:
+        m[:] = np.tanh(u)
+    if n % 3 == 2:
+        u += p["c"] * m**2
+    data = {"u1": u.copy(), "m1": m.copy()}
+    u += DT * (p["a"] * np.sin(u) - 0.1 * u**3)
+    return s, data
+
+
+def np_vjp_from(n, data, p, sbar):
+    """The step's VJP from the data of :func:`np_linearize` (no state); :func:`np_vjp` derives
+    that data from the state first."""
+    u1, m1 = data["u1"], data["m1"]
+    a, c = p["a"], p["c"]
     ub = sbar["u"] * (1 + DT * (a * np.cos(u1) - 0.3 * u1**2))
     a_bar = sbar["u"] * DT * np.sin(u1)
     mb = np.array(sbar["memo"], copy=True)
@@ -172,3 +192,15 @@ def jax_reference_J(p, s0, n_steps):
 
     s, js = jax.lax.scan(body, s0, jnp.arange(n_steps))
     return jnp.sum(js) + _jfin(n_steps, s, p)
+
+
+def jax_reference(n_steps):
+    """``(J, dJ/dp, dJ/ds0)`` of :func:`jax_reference_J` at ``params0()``, ``state0()``."""
+    import jax
+    import jax.numpy as jnp
+
+    s0 = jax.tree_util.tree_map(jnp.asarray, state0())
+    p = jax.tree_util.tree_map(jnp.asarray, params0())
+    grad = jax.jit(jax.value_and_grad(jax_reference_J, argnums=(0, 1)), static_argnums=2)
+    J, (gp, gs) = grad(p, s0, n_steps)
+    return float(J), gp, gs

@@ -48,12 +48,7 @@ def np_reference():
 
 @pytest.fixture(scope="module")
 def jax_reference():
-    s0 = jax.tree_util.tree_map(jnp.asarray, P.state0())
-    p = jax.tree_util.tree_map(jnp.asarray, P.params0())
-    J, (gp, gs) = jax.jit(jax.value_and_grad(P.jax_reference_J, argnums=(0, 1)), static_argnums=2)(
-        p, s0, N
-    )
-    return float(J), gp, gs
+    return P.jax_reference(N)
 
 
 @pytest.fixture(scope="module")

@@ -37,37 +37,7 @@ def _storage(kind, tmp_path):
 
 
 # ---------------------------------------------------------------- a NumPy step with its data
-def np_linearize(n, s, p):
-    """``np_forward`` that also returns the data its adjoint reads: the state after the memo
-    update (``u1``, ``m1``); updates ``s`` in place (the data are copies made first)."""
-    u, m = s["u"], s["memo"]
-    if n % 3 == 0:
-        m[:] = np.tanh(u)
-    if n % 3 == 2:
-        u += p["c"] * m**2
-    data = {"u1": u.copy(), "m1": m.copy()}
-    u += P.DT * (p["a"] * np.sin(u) - 0.1 * u**3)
-    return s, data
-
-
-def np_vjp_from(n, data, p, sbar):
-    """``np_vjp`` from the data of :func:`np_linearize` (no state)."""
-    u1, m1 = data["u1"], data["m1"]
-    a, c = p["a"], p["c"]
-    ub = sbar["u"] * (1 + P.DT * (a * np.cos(u1) - 0.3 * u1**2))
-    a_bar = sbar["u"] * P.DT * np.sin(u1)
-    mb = np.array(sbar["memo"], copy=True)
-    c_bar = 0.0
-    if n % 3 == 2:
-        mb = mb + ub * c * 2 * m1
-        c_bar = np.sum(ub * m1**2)
-    if n % 3 == 0:
-        ub = ub + mb * (1 - m1**2)
-        mb = np.zeros_like(mb)
-    return {"u": ub, "memo": mb}, {"a": a_bar, "c": np.float64(c_bar)}
-
-
-MIXED_STEP = rh.Step(P.np_forward, P.np_vjp, linearize=np_linearize, vjp_from=np_vjp_from)
+MIXED_STEP = rh.Step(P.np_forward, P.np_vjp, linearize=P.np_linearize, vjp_from=P.np_vjp_from)
 
 
 class Counted:
@@ -90,12 +60,7 @@ class Counted:
 
 @pytest.fixture(scope="module")
 def jax_reference():
-    s0 = jax.tree_util.tree_map(jnp.asarray, P.state0())
-    p = jax.tree_util.tree_map(jnp.asarray, P.params0())
-    J, (gp, gs) = jax.jit(jax.value_and_grad(P.jax_reference_J, argnums=(0, 1)), static_argnums=2)(
-        p, s0, N
-    )
-    return float(J), gp, gs
+    return P.jax_reference(N)
 
 
 @pytest.fixture(scope="module")
@@ -368,9 +333,9 @@ class _ReverseState(rs.OfflineSchedule):
 
 def test_errors(tmp_path):
     with pytest.raises(TypeError, match=r"Step\(linearize=...\) was given without vjp_from"):
-        rh.Step(P.np_forward, P.np_vjp, linearize=np_linearize)
+        rh.Step(P.np_forward, P.np_vjp, linearize=P.np_linearize)
     with pytest.raises(TypeError, match=r"Step\(vjp_from=...\) must be callable"):
-        rh.Step(P.np_forward, P.np_vjp, linearize=np_linearize, vjp_from=3)
+        rh.Step(P.np_forward, P.np_vjp, linearize=P.np_linearize, vjp_from=3)
     s0, p = P.state0(), P.params0()
     schedule = dict(SCHEDULES)["Mixed20"]  # Linearize(0 .. N - 2), Record(N - 1), Reverse(N - 2) ..
     with pytest.raises(ValueError, match=r"this Step has no linearize; pass Step\(forward, vjp, "):
@@ -379,7 +344,7 @@ def test_errors(tmp_path):
         )
     assert list(tmp_path.iterdir()) == []
 
-    def bad(linearize=np_linearize, vjp_from=np_vjp_from, schedule=schedule):
+    def bad(linearize=P.np_linearize, vjp_from=P.np_vjp_from, schedule=schedule):
         step = rh.Step(P.np_forward, P.np_vjp, linearize=linearize, vjp_from=vjp_from)
         rh.value_and_grad(step, P.NP_LOSS, s0, p, N, schedule=schedule, storage=rh.Disk(tmp_path))
 
