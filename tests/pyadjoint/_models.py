@@ -116,6 +116,27 @@ def poison(tape):
                 bv.output.data[...] = np.nan
 
 
+def poisoned_derivatives(schedule, n_steps=None) -> list[float]:
+    """``vec_loop`` taped under ``schedule``, every live object poisoned after taping
+    (:func:`poison`), then: grad, grad again, J at 1.3, grad, tlm and Hessian there."""
+    import retrograde.pyadjoint as rp
+
+    tape = pa.Tape()
+    with pa.set_working_tape(tape):
+        rp.enable_checkpointing(schedule, n_steps=n_steps)
+        p = pa.AdjFloat(0.7)
+        rf = pa.ReducedFunctional(vec_loop(p, tape), pa.Control(p))
+        poison(tape)
+        return [
+            float(rf.derivative()),
+            float(rf.derivative()),
+            float(rf(pa.AdjFloat(1.3))),
+            float(rf.derivative()),
+            float(rf.tlm(pa.AdjFloat(1.0))),
+            float(rf.hessian(pa.AdjFloat(1.0))),
+        ]
+
+
 class Derivatives(tuple):
     """(grad at p0, grad again, J at p1, grad at p1, tlm at p1, Hessian at p1, grad again)."""
 
