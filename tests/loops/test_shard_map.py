@@ -28,6 +28,12 @@ MESH = Mesh(np.array(jax.devices()[:DEVICES]), ("x",))
 RING = [(i, (i + 1) % DEVICES) for i in range(DEVICES)]
 
 
+def _device(dtype):
+    """This device's index along ``x``, as ``dtype`` (no implicit promotion: the tests also
+    run with ``jax_numpy_dtype_promotion="strict"``)."""
+    return lax.axis_index("x").astype(dtype)
+
+
 def _step(theta):
     """A step with a global reduction, a mean, a halo exchange and a gather."""
 
@@ -59,7 +65,7 @@ def _run(loop, step, u0, schedule):
 
     def cond(c):
         big = lax.psum(jnp.sum(c[1] ** 2), "x") < 1e6
-        return (c[0] < N + 0 * lax.axis_index("x")) & big
+        return (c[0] < N + 0 * _device(c[0].dtype)) & big
 
     return retrograde.while_loop(cond, body, (0, u0), schedule=schedule)[1]
 
@@ -67,7 +73,7 @@ def _run(loop, step, u0, schedule):
 def _loss_fn(loop, schedule, jit=True, mesh=MESH):
     def loss(theta, u0):
         u = _run(loop, _step(theta), u0, schedule)
-        return lax.psum(jnp.sum(u**2 * (1.0 + lax.axis_index("x"))), "x")
+        return lax.psum(jnp.sum(u**2 * (1.0 + _device(u.dtype))), "x")
 
     f = jax.shard_map(loss, mesh=mesh, in_specs=(P(), P("x")), out_specs=P())
     return jax.jit(f) if jit else f
@@ -183,15 +189,15 @@ def test_while_loop_with_a_step_count_per_device():
 
     def ours(theta, u0):
         theta = lax.pcast(theta, "x", to="varying")
-        cond = lambda c: c[0] < 3 + 2 * lax.axis_index("x")
+        cond = lambda c: c[0] < 3 + 2 * _device(c[0].dtype)
         body = lambda c: (c[0] + 1, c[1] + 0.1 * jnp.sin(theta * c[1]))
         _, u = retrograde.while_loop(cond, body, (0, u0), schedule=Online(2))
         return lax.psum(jnp.sum(u**2), "x")
 
     def ref(theta, u0):
-        n = 3 + 2 * lax.axis_index("x")
+        n = 3 + 2 * _device(jnp.int32)
         step = lambda u, i: (jnp.where(i < n, u + 0.1 * jnp.sin(theta * u), u), None)
-        u, _ = lax.scan(step, u0, jnp.arange(3 + 2 * DEVICES))
+        u, _ = lax.scan(step, u0, jnp.arange(3 + 2 * DEVICES, dtype=jnp.int32))
         return lax.psum(jnp.sum(u**2), "x")
 
     wrap = lambda f: jax.jit(jax.shard_map(f, mesh=MESH, in_specs=(P(), P("x")), out_specs=P()))
