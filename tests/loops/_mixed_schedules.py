@@ -146,10 +146,10 @@ class BinomialData(OfflineSchedule):
 def data_rule(schedule: BinomialData) -> M.Rule:
     k = schedule.leaf
     return M.Rule(
-        leaf=lambda n, s: jnp.where(n <= k, M.DATA, jnp.where(n <= s + 1, M.LEAF, -1)),
+        leaf=lambda n, s, s_max: jnp.where(n <= k, M.DATA, jnp.where(n <= s + 1, M.LEAF, -1)),
         split=_binomial.largest_split,
-        py_leaf=schedule.kind,
-        py_split=largest_split,
+        py_leaf=lambda n, s, s_max: schedule.kind(n, s),
+        py_split=lambda n, s, s_max: largest_split(n, s),
         state_slots=lambda slots: slots - (k - 1),
         data_rows=lambda n_slots: k - 1,
     )
@@ -169,7 +169,7 @@ def leaf_slots(tables, r):
     def at(i):
         return order[min(max(i, 0), len(order) - 1)]
 
-    return [at(i) if own < 0 else own if i == 0 else at(f - i) for i in range(width)]
+    return [f + i if own < 0 else own if i == 0 else at(f - i) for i in range(width)]
 
 
 def twin_actions(tables):
@@ -202,10 +202,10 @@ class DataOnline(Online):
 def online_data_rule(schedule: DataOnline) -> M.Rule:
     k = schedule.leaf
     return M.Rule(
-        leaf=lambda n, s: jnp.where(n <= k, M.DATA, jnp.where(n <= s + 1, M.LEAF, -1)),
+        leaf=lambda n, s, s_max: jnp.where(n <= k, M.DATA, jnp.where(n <= s + 1, M.LEAF, -1)),
         split=_binomial.largest_split,
-        py_leaf=lambda n, s: M.DATA if n <= k else (M.LEAF if n <= s + 1 else -1),
-        py_split=largest_split,
+        py_leaf=lambda n, s, s_max: M.DATA if n <= k else (M.LEAF if n <= s + 1 else -1),
+        py_split=lambda n, s, s_max: largest_split(n, s),
         state_slots=lambda slots: slots,
         data_rows=lambda n_slots: k - 1,
     )

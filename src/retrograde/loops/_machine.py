@@ -24,7 +24,11 @@ Each :func:`step` emits one :class:`Action`:
   ``restore`` (if ``>= 0``); evaluate steps ``start .. stop - 2`` keeping each one's data
   (:mod:`._residuals`) in the leaf's data row ``n - start``; record ``stop - 1`` from the state at
   hand; then reverse the others, last first, each from its data row, with no evaluation
-  (``first = stop - 1``: no state is stored; ``fresh = 1``).
+  (``first = stop - 1``: no state is stored; ``fresh = 1``). ``store``: the leaf's level,
+  ``S - s`` for a task of ``s`` slots (``S`` for a segment with no slot). When the slots are
+  taken lowest first and every split stores (as from :func:`init` after stores in slots ``0,
+  1, ...``), slots ``0 .. level - 1`` are held and every slot from ``level`` on is free while
+  the leaf runs: its data may share their memory (:mod:`._pool`).
 - ``DONE``: nothing is left.
 
 With ``with_pairs`` (static), a two-step task also takes along the run of two-step segments
@@ -98,15 +102,25 @@ class Rule(NamedTuple):
     tracing, :func:`._tables._machine_rows`), which must agree everywhere.
 
     Attributes:
-        leaf: ``(n, s) -> kind``: ``LEAF`` (store every state, ``n <= s + 1`` needed), ``DATA``
-            (reverse from data, ``n - 1 <= data_rows``) or ``-1`` (not a leaf: split it, or with
-            ``s == 1`` recompute it step by step).
-        split: ``(n, s, s_max) -> j``: the first split of a task that is not a leaf, ``s >= 2``,
-            ``1 <= j < n`` (``s_max``: the most slots a task holds, static).
-        py_leaf, py_split: the same in Python (``py_split(n, s)``).
+        leaf: ``(n, s, s_max) -> kind``: ``LEAF`` (store every state, ``n <= s + 1`` needed),
+            ``DATA`` (reverse from data, ``n - 1 <= data_rows``) or ``-1`` (not a leaf: split
+            it, or with ``s == 1`` recompute it step by step). ``s_max``: the most slots a task
+            holds, the machine's slots plus one (static); ``s_max - 1 - s`` is the task's level
+            when slots are taken lowest first.
+        split: ``(n, s, s_max) -> j``: the first split of a task that is not a leaf, ``s >= 2``
+            (``s >= 1`` with ``split_one_slot``), ``1 <= j < n``.
+        py_leaf, py_split: the same in Python.
         state_slots: ``slots -> S``: the slots for states, of the ``slots`` the schedule may
             hold on its first level (``max_slots``, data included).
         data_rows: ``S -> rows``: the most data rows a ``DATA`` leaf fills (static).
+        split_one_slot: whether a task with one slot (its own) is split by ``split(n, 1,
+            s_max)`` (static): restore, advance to ``m``, reverse ``[m, b)`` at once as a leaf
+            with no slot (one step recorded, or ``DATA``), then go on with ``[a, m)``.
+            Otherwise (Revolve) it is recomputed step by step.
+        relinearized: ``(stores, N) -> steps``: of the schedule's evaluations, how many the
+            compiled loop makes twice: its forward sweep keeps states, not data, so where the
+            schedule's first sweep ends by linearizing a run, the forward advances over it and
+            the reversal linearizes it again (``stores``: ``binomial_stores(N)``).
     """
 
     leaf: Callable
@@ -115,13 +129,15 @@ class Rule(NamedTuple):
     py_split: Callable
     state_slots: Callable
     data_rows: Callable
+    split_one_slot: bool = False
+    relinearized: Callable = lambda stores, n: 0
 
 
 REVOLVE = Rule(
-    leaf=lambda n, s: jnp.where(n <= s + 1, LEAF, -1),
+    leaf=lambda n, s, s_max: jnp.where(n <= s + 1, LEAF, -1),
     split=largest_split,
-    py_leaf=lambda n, s: LEAF if n <= s + 1 else -1,
-    py_split=_py_largest_split,
+    py_leaf=lambda n, s, s_max: LEAF if n <= s + 1 else -1,
+    py_split=lambda n, s, s_max: _py_largest_split(n, s),
     state_slots=lambda slots: slots,
     data_rows=lambda n_slots: 0,
 )
@@ -147,7 +163,7 @@ class Action(NamedTuple):
     start: object
     stop: object
     first: object  # LEAF: the first state to store and advance from
-    store: object  # MOVE: the slot to store into, or -1
+    store: object  # MOVE: the slot to store into, or -1; DATA: the leaf's level (see DATA)
     fresh: object  # LEAF: whether u_{stop-1} is the state at hand (else it is in its slot)
 
 
@@ -184,7 +200,8 @@ def init(n_slots: int, steps, slots, n_held, n_steps, at_hand: bool):
     )
     # Free slots: every slot but those of the stacked segments.
     used = jnp.zeros((n_slots,), bool).at[jnp.where(is_seg, slots, n_slots)].set(True, mode="drop")
-    order = argsort(used)  # unused first
+    # Unused first, highest first: a split takes the lowest free slot (the top of the list).
+    order = argsort(jnp.where(used, n_slots + idx, n_slots - 1 - idx))
     n_free = n_slots - n_seg
     free = jnp.where(jnp.arange(n_slots, dtype=i32) < n_free, order, 0)
     regs = dict(
@@ -290,7 +307,7 @@ def step(st, with_pairs=False, rule: Rule = REVOLVE):
     for k, out in (
         (P_TRAIL, _trail(regs)),
         (P_TASK, task_out),
-        (P_S1, _s1(regs)),
+        (P_S1, _s1_split(regs, free.shape[0]) if rule.split_one_slot else _s1(regs)),
         (P_LAST, _last(regs)),
     ):
         new, action = select(regs["phase"] == k, out, (new, action))
@@ -344,13 +361,19 @@ def _task(r, free, rule: Rule):
     a, b, s, slot_a, at_hand = r["a"], r["b"], r["s"], r["slot_a"], r["at_hand"]
     n = b - a
     restore = jnp.where(at_hand, -1, slot_a)
-    kind = rule.leaf(n, s)
+    n_slots = free.shape[0]
+    s_max = n_slots + 1  # a task holds at most every slot plus its own
+    kind = rule.leaf(n, s, s_max)
     leafy = kind >= 0  # Revolve's rule: every state stored, n <= s + 1 (one step included)
     one_slot = (s == 1) & ~leafy
-    trivial = leafy | one_slot | (r["phase"] != P_TASK)
-    s_max = free.shape[0] + 1  # a task holds at most every slot plus its own
-    j = lax.cond(trivial, lambda: i32(1), lambda: rule.split(n, jnp.maximum(s, 2), s_max))
+    if rule.split_one_slot:  # one slot: split too, the right part a leaf with no slot (P_S1)
+        trivial = leafy | (r["phase"] != P_TASK)
+        j = lax.cond(trivial, lambda: i32(1), lambda: rule.split(n, s, s_max))
+    else:  # one slot: recompute step by step (P_S1)
+        trivial = leafy | one_slot | (r["phase"] != P_TASK)
+        j = lax.cond(trivial, lambda: i32(1), lambda: rule.split(n, jnp.maximum(s, 2), s_max))
     m = a + j
+    s1_stop = m if rule.split_one_slot else b - 1
     last = m == b - 1  # the right part is one step: advance, then record it (no snapshot)
     new_slot = _read(free, r["fp"] - 1)
     splits = ~leafy & ~one_slot & ~last
@@ -363,19 +386,21 @@ def _task(r, free, rule: Rule):
         first=a,
         fresh=(n > 1) | at_hand,
     )
-    data = _action(DATA, restore=restore, start=a, stop=b, first=b - 1, fresh=True)
+    data = _action(
+        DATA, restore=restore, start=a, stop=b, first=b - 1, store=n_slots - s, fresh=True
+    )
     leaf = select(kind == DATA, data, leaf)
     move = _action(
         MOVE,
         restore=restore,
         start=a,
-        stop=jnp.where(one_slot, b - 1, m),
+        stop=jnp.where(one_slot, s1_stop, m),
         store=jnp.where(splits, new_slot, -1),
     )
     new = dict(
         r,
         phase=jnp.where(leafy, P_POP, jnp.where(one_slot, P_S1, jnp.where(last, P_LAST, P_TASK))),
-        k=jnp.where(one_slot, b - 1, jnp.where(last, m, r["k"])),
+        k=jnp.where(one_slot, s1_stop, jnp.where(last, m, r["k"])),
         adv=one_slot,
         at_hand=splits,
         a=jnp.where(splits, m, a),
@@ -403,6 +428,17 @@ def _s1(r):
         lkind=i32(L_FREE),
     )
     return new, select(recorded, leaf, move)
+
+
+def _s1_split(r, n_slots):
+    """A segment with one slot, split (:attr:`Rule.split_one_slot`): after the move to ``k``,
+    reverse ``[k, b)`` at once from the state at hand (one step recorded, or a ``DATA`` leaf
+    with no slot: level ``S``), then go on with ``[a, k)``."""
+    k, b = r["k"], r["b"]
+    one = _action(LEAF, start=k, stop=k + 1, first=k, fresh=True)
+    data = _action(DATA, start=k, stop=b, first=b - 1, store=n_slots, fresh=True)
+    new = dict(r, b=k, at_hand=False, adv=False, phase=i32(P_TASK), lkind=i32(L_FREE))
+    return new, select(b - k == 1, one, data)
 
 
 def _last(r):

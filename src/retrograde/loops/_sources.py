@@ -133,7 +133,7 @@ class RowSource:
         top = self.order.shape[0] - 1
         return jnp.where(
             own < 0,
-            self.order[jnp.clip(i, 0, top)],
+            f + i,
             jnp.where(i == 0, own, self.order[jnp.clip(f - i, 0, top)]),
         )
 

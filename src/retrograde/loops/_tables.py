@@ -57,8 +57,8 @@ class Tables:
             states (``None`` for rows whose leaves record one step at hand): the free slots
             are always a prefix of ``free_order``, and per row ``(own, f)`` says that the
             leaf's state ``u_{start + i}`` is in slot ``own`` for ``i = 0`` and
-            ``free_order[f - i]`` after (the free slots, last first), or in
-            ``free_order[i]`` if ``own < 0`` (the trailing leaf, over held steps).
+            ``free_order[f - i]`` after (the free slots, last first), or in slot ``f + i``
+            if ``own < 0`` (the trailing leaf, over held steps).
         data_rows: the data rows a ``DATA`` leaf may fill (its length less one; ``0``: the
             schedule reverses no step from data).
         rule: the machine's leaves and splits, for the binomial reversal (``rows`` from the
@@ -142,7 +142,9 @@ def tables_for(schedule: OfflineSchedule, length: int) -> Tables:
         # More slots than N - 1 are never used by a binomial reversal.
         rule = machine_rule(schedule)
         slots = rule.state_slots(schedule.max_slots(length)[0])
-        n_slots = max(1, len(stores), min(slots, length - 1))
+        if rule is REVOLVE:  # its leaves' levels depend on slots beyond N - 1 otherwise
+            slots = min(slots, length - 1)
+        n_slots = max(1, len(stores), slots)
         steps = np.asarray(stores, np.int32)
         tables = Tables(
             length,
@@ -151,6 +153,7 @@ def tables_for(schedule: OfflineSchedule, length: int) -> Tables:
             np.arange(len(steps), dtype=np.int32),
             None,
             data_rows=rule.data_rows(n_slots),
+            relinearized=rule.relinearized(tuple(stores), length),
             rule=rule,
         )
         rows = _machine_rows(tables)
@@ -186,9 +189,10 @@ def _machine_rows(tables: Tables):
     tail = sum(1 for i, q in enumerate(p) if q - i == n - 1 - m)
     n_seg = m - tail
     last_end = n - tail - 1
-    # Slots are taken from the top of the free list and given back in reverse order, and the
-    # segments' slots are released last first: so the free list is always a prefix of this.
-    order = list(range(n_seg, s)) + list(range(n_seg - 1, 0, -1))
+    # Slots are taken from the top of the free list (the lowest free slot) and given back in
+    # reverse order, and the segments' slots are released last first: so the free list is
+    # always a prefix of this.
+    order = list(range(s - 1, 0, -1))
     free = order[: s - n_seg]
     # The task stack: (segment start, end, slot) and slot releases, the last segment on top.
     stack: list[tuple] = []
@@ -199,19 +203,19 @@ def _machine_rows(tables: Tables):
     rows: list[tuple[int, ...]] = []
     leaves: list[tuple[int, int]] = []
 
-    def emit(row, own=0):
+    def emit(row, own=0, f=None):
         if len(rows) >= ROW_LIMIT:
             raise OverflowError
         rows.append(row)
-        leaves.append((own, len(free)))
+        leaves.append((own, len(free) if f is None else f))
 
-    try:
-        emit((LEAF, -1, last_end, n, n - 1, -1, 1), own=-1)
+    try:  # the trailing leaf's states are held in slots n_seg, n_seg + 1, ...
+        emit((LEAF, -1, last_end, n, n - 1, -1, 1), own=-1, f=n_seg)
         while stack:
             if stack[-1][0] == "free":
                 free.append(stack.pop()[1])
             a, b, slot_a = stack.pop()
-            _reverse_task(a, b, slot_a, free, stack, emit, tables.rule)
+            _reverse_task(a, b, slot_a, free, stack, emit, tables.rule, s)
     except OverflowError:
         return None
     return (
@@ -221,27 +225,37 @@ def _machine_rows(tables: Tables):
     )
 
 
-def _reverse_task(a, b, slot_a, free, stack, emit, rule: Rule = REVOLVE):
+def _reverse_task(a, b, slot_a, free, stack, emit, rule: Rule, n_slots: int):
     """Emit the machine's actions for one task: reverse ``[a, b)`` from its slot ``slot_a`` with
-    the free slots (pushing the left parts of splits and their slot releases), by ``rule``."""
+    the free slots (pushing the left parts of splits and their slot releases), by ``rule``, of
+    ``n_slots`` slots in all."""
     at_hand = False
     while True:
         n, s = b - a, len(free) + 1
         restore = -1 if at_hand else slot_a
-        kind = rule.py_leaf(n, s)
-        if kind == DATA:  # a leaf reversed from data
-            emit((DATA, restore, a, b, b - 1, -1, 1), slot_a)
+        kind = rule.py_leaf(n, s, n_slots + 1)
+        if kind == DATA:  # a leaf reversed from data, at level S - s
+            emit((DATA, restore, a, b, b - 1, n_slots - s, 1), slot_a)
             return
         if kind == LEAF:  # a leaf: every state stored, in its own slot then free ones
             emit((LEAF, -1 if n == 1 else restore, a, b, a, -1, int(n > 1 or at_hand)), slot_a)
             return
+        if s == 1 and rule.split_one_slot:  # split; the right part a leaf with no slot
+            m = a + rule.py_split(n, 1, n_slots + 1)
+            emit((MOVE, restore, a, m, 0, -1, 0))
+            if b - m == 1:
+                emit((LEAF, -1, m, b, m, -1, 1), slot_a)
+            else:
+                emit((DATA, -1, m, b, b - 1, n_slots, 1), slot_a)
+            b, at_hand = m, False
+            continue
         if s == 1:  # one slot: for k = b - 1 down to a, restore, advance to k, record k
             for k in range(b - 1, a - 1, -1):
                 emit((MOVE, restore, a, k, 0, -1, 0))
                 emit((LEAF, -1, k, k + 1, k, -1, 1), slot_a)
                 restore = slot_a
             return
-        m = a + rule.py_split(n, s)
+        m = a + rule.py_split(n, s, n_slots + 1)
         if m == b - 1:  # the right part is one step: advance and record it
             emit((MOVE, restore, a, m, 0, -1, 0))
             emit((LEAF, -1, m, m + 1, m, -1, 1), slot_a)
@@ -451,3 +465,13 @@ def _merge_moves(rows):
             continue
         out.append(row)
     return out
+
+
+def _register_mixed() -> None:
+    from ..schedules import Mixed
+    from ._mixed_machine import mixed_rule
+
+    register_rule(Mixed, mixed_rule)
+
+
+_register_mixed()

@@ -358,6 +358,27 @@ class Mixed(OfflineSchedule):
             return optimum(n, self.state_slots) + n
         return n + int(self._table_for(n).advances[0, n])
 
+    def binomial_stores(self, n_steps: int) -> tuple[int, ...]:
+        """The starts stored along the tree's rightmost path, in slots ``0, 1, ...`` (one per
+        level): a compiled loop's forward sweep stores these, and its reversal is the tree's
+        (``retrograde.loops``). The last one starts the rightmost leaf (unless that leaf is one
+        step), which the reversal linearizes again from it.
+
+        Example:
+            >>> Mixed(3).binomial_stores(20), Mixed(3).binomial_stores(4)
+            ((0, 10, 16), (0,))
+        """
+        n = check_steps(n_steps)
+        stores: list[int] = []
+        a, level = 0, 0
+        while n - a >= 2:
+            stores.append(a)
+            j = self.split(n - a, level)
+            if j == 0:
+                break
+            a, level = a + j, level + 1
+        return tuple(stores)
+
     def actions(self, n_steps: int) -> Iterator[Action]:
         """The tree of the class docstring, depth first, right part first; one generator frame
         with an explicit stack of at most ``S`` pending left parts."""

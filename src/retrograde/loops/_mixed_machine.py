@@ -1,0 +1,70 @@
+"""Mixed checkpointing in the reversal machine: :class:`retrograde.schedules.Mixed` as a
+:class:`._machine.Rule`.
+
+``Mixed``'s tree is the machine's traversal (a split stores the right part's start in the lowest
+free slot and goes on with the right part; the left part waits on the stack), so the machine
+reverses it with the schedule's own leaves and splits. The forward sweep stores the starts along
+the tree's rightmost path (:meth:`~retrograde.schedules.Mixed.binomial_stores`) in slots ``0,
+1, ...`` and slots are always taken lowest first, so a task of ``s`` slots (its own and the free
+ones) of the machine's ``S'`` is at level ``S' - s``: slots ``0 .. level - 1`` are held, the
+others free, which is what lets a ``DATA`` leaf's data share their memory. A task is a ``DATA``
+leaf if it has at most ``leaf_size(level)`` steps (one step: recorded), else it is split where
+``Mixed.split`` says, also with one slot (its right part then a leaf with no slot). ``S'`` is
+``Mixed.state_slots``, or one more when the rightmost leaf is at the last level (its start has
+no slot in the schedule, and the reversal linearizes that leaf again from it).
+
+When no step's data fits the budget (``leaf_size(0) == 1``), ``Mixed`` is Revolve and the rule
+is :data:`._machine.REVOLVE`.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from ..schedules import Mixed
+from . import _machine as machine
+
+i32 = jnp.int32
+
+
+def mixed_rule(schedule: Mixed) -> machine.Rule:
+    """The machine's rule for ``schedule``."""
+    leaves = tuple(schedule.leaf_size(k) for k in range(schedule.state_slots + 1))
+    if leaves[0] == 1:
+        return machine.REVOLVE
+    top = len(leaves) - 1
+
+    def py_leaf(n, s, s_max):
+        if n == 1:
+            return machine.LEAF
+        return machine.DATA if n <= leaves[s_max - 1 - s] else -1
+
+    def leaf(n, s, s_max):
+        size = jnp.asarray(leaves, i32)[jnp.clip(s_max - 1 - s, 0, top)]
+        return jnp.where(n == 1, machine.LEAF, jnp.where(n <= size, machine.DATA, -1))
+
+    def split(n, s, s_max):
+        from ._mixed_rule import split as in_graph_split
+
+        return in_graph_split(leaves, n, s_max - 1 - s)
+
+    return machine.Rule(
+        leaf=leaf,
+        split=split,
+        py_leaf=py_leaf,
+        py_split=lambda n, s, s_max: schedule.split(n, s_max - 1 - s),
+        state_slots=lambda slots: top,
+        data_rows=lambda n_slots: leaves[0] - 1,
+        split_one_slot=True,
+        relinearized=lambda stores, n: _relinearized(schedule, stores, n),
+    )
+
+
+def _relinearized(schedule: Mixed, stores, n: int) -> int:
+    """If the last store ``q`` starts the rightmost leaf (it is not split), the leaf's first
+    ``n - 1 - q`` steps, linearized by the schedule's first sweep, are advanced by the compiled
+    forward and linearized (or recorded) again by the reversal; else none (the rightmost leaf
+    is one step, not stored)."""
+    if not stores or schedule.split(n - stores[-1], len(stores) - 1):
+        return 0
+    return n - 1 - stores[-1]
