@@ -11,7 +11,8 @@ transposes them from those in reverse order. The schedules are test-owned
   the state the run starts from, not the data, and the reverse sweep linearizes them again).
 - Every derivative against ``jax.lax.scan`` / ``jax.lax.fori_loop`` in float64.
 - Temp memory within the slots' bytes (states and data rows) plus the constant of the
-  ``Revolve`` programs, and flat in ``N``.
+  ``Revolve`` programs, and flat in ``N``; with ``schedules.Mixed``, whose data share the
+  snapshot buffers, that of ``Revolve`` at the same budget.
 - ``while_loop``: the segments between the snapshots ``Online`` placed, reversed by the machine
   with a ``DATA`` rule (``DataOnline``).
 """
@@ -193,6 +194,30 @@ def test_gradient_count_on_the_machine(monkeypatch):
         _tables.tables_for.cache_clear()
 
 
+MIXED = [
+    rs.Mixed(3),
+    rs.Mixed(4),
+    rs.Mixed(2, 0.5),
+    rs.Mixed(5, 2.0),
+    rs.Mixed(3.5, 0.5),  # the rightmost leaf at the last level: linearized again
+    rs.Mixed(3, 7),  # no data fits: Revolve's machine
+]
+
+
+@pytest.mark.parametrize("schedule, n", zip(MIXED, [20, 57, 30, 40, 25, 20]), ids=repr)
+def test_mixed_gradient_count_and_gradient(schedule, n):
+    """``schedules.Mixed`` on the machine (its tree, its leaves at their levels): the schedule's
+    evaluations, plus one, plus the rightmost leaf's steps when the forward linearizes them
+    again; the gradient of ``jax.lax.scan``."""
+    stats, tables = rs.simulate(schedule, n), _tables.tables_for(schedule, n)
+    assert tables.rows is not None and tables.rule is not None
+    grad = jax.jit(jax.grad(functools.partial(_count_loss, schedule, n), argnums=(0, 1)))
+    assert _count(grad, *ARGS) == stats.evaluations + 1 + tables.relinearized
+    assert (tables.relinearized > 0) == (schedule == rs.Mixed(3.5, 0.5))
+    ref = jax.jit(jax.grad(functools.partial(_count_loss, None, n), argnums=(0, 1)))(*ARGS)
+    P.assert_close(grad(*ARGS), ref, RTOL, f"{schedule} gradient")
+
+
 def test_hvp_count():
     """``jvp(grad)``: the gradient's evaluations plus the tangent loop's ``N``; the augmented
     reverse sweep reads the forward's snapshots and their tangents, and reverses its own data
@@ -252,8 +277,14 @@ def _higher_reference(n):
     return args, _higher(P.lax_scan, jax.lax.fori_loop)(*args)
 
 
-def test_higher_orders_and_fori_loop():
-    schedule = DataLeaves(2, 3)
+@pytest.mark.parametrize(
+    "schedule",
+    [rs.Mixed(2, 0.5), pytest.param(DataLeaves(2, 3), marks=pytest.mark.slow)],
+    ids=repr,
+)
+def test_higher_orders_and_fori_loop(schedule):
+    """``Mixed`` (the machine, data pooled with the states) and a row-table stream
+    (``DataLeaves``, data rows of their own)."""
     args, ref = _higher_reference(11)
     fori = functools.partial(retrograde.fori_loop, schedule=schedule)
     got = _higher(P.rscan(schedule), fori)(*args)
@@ -339,6 +370,21 @@ def test_memory_within_the_slots_and_flat(order):
     # Flat in N, but for the slot that keeps the start of the first sweep's linearized run
     # (where the schedule did not store it).
     assert sizes[10000] <= sizes[1000] + factor * CARRY
+
+
+@pytest.mark.parametrize("order", ["grad", "hvp"])
+def test_mixed_memory_is_revolves_at_the_same_budget(order):
+    """``Mixed(10, 2.0)`` for a step that keeps 2 states of data: its leaves' data rows share
+    the snapshot buffers (``_pool``), so a gradient and an HVP take the temp memory of
+    ``Revolve(10)`` (within one state), the same at ``N = 10000`` as at ``1000``, with fewer
+    evaluations."""
+    mixed, revolve = rs.Mixed(10, 2.0), rs.Revolve(10)
+    base = _temp(revolve, 1000, order)
+    for n in (1000, 10000):
+        assert rs.simulate(mixed, n).evaluations < rs.simulate(revolve, n).evaluations
+        temp = _temp(mixed, n, order)
+        print(f"{order}, N = {n}: {temp / CARRY:.1f} carries, Revolve(10) {base / CARRY:.1f}")
+        assert temp <= base + CARRY, (order, n, temp / CARRY, base / CARRY)
 
 
 # ----------------------------------------------------------------------------- errors

@@ -16,6 +16,7 @@ from jax import lax
 from ._body import Body
 from ._offload import Offload, tags_of
 from ._placement import online_phases, place_thinned
+from ._pool import rows as pool_rows
 from ._slots import any_over, put_row, put_row_if, row, zeros
 from ._tables import Tables
 
@@ -59,7 +60,7 @@ def forward(
         return [c for c, st in zip(carry, stored) if st]
 
     if tables is not None and slots is None:
-        slots = zeros(snapshot(body.carry_avals), (tables.n_slots,))
+        slots = zeros(snapshot(body.carry_avals), (pool_rows(body, tables),))
 
     def one(i, state):
         carry, ys_buf = state

@@ -121,6 +121,10 @@ class Rule(NamedTuple):
             compiled loop makes twice: its forward sweep keeps states, not data, so where the
             schedule's first sweep ends by linearizing a run, the forward advances over it and
             the reversal linearizes it again (``stores``: ``binomial_stores(N)``).
+        pooled: ``level -> rows``: the most data rows of a ``DATA`` leaf at ``level``, for a
+            rule whose slots are taken lowest first (every slot from a leaf's level on is free
+            while it runs), so that its data may share the free slots' memory (:mod:`._pool`);
+            ``None``: data rows of their own.
     """
 
     leaf: Callable
@@ -131,6 +135,7 @@ class Rule(NamedTuple):
     data_rows: Callable
     split_one_slot: bool = False
     relinearized: Callable = lambda stores, n: 0
+    pooled: Callable | None = None
 
 
 REVOLVE = Rule(

@@ -56,6 +56,7 @@ def mixed_rule(schedule: Mixed) -> machine.Rule:
         state_slots=lambda slots: top,
         data_rows=lambda n_slots: leaves[0] - 1,
         split_one_slot=True,
+        pooled=lambda level: leaves[min(level, top)] - 1,
         relinearized=lambda stores, n: _relinearized(schedule, stores, n),
     )
 

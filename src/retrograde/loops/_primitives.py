@@ -65,6 +65,7 @@ from . import _batch_levels
 from ._body import Body, cut, is_float
 from ._offload import stored_effects
 from ._offload_runs import Layout, two_level
+from ._pool import rows as pool_rows
 from ._tables import tables_for
 
 # ----------------------------------------------------------------------------- static parameters
@@ -104,6 +105,13 @@ class LoopPlan:
     def tables(self):
         return tables_for(self.schedule, self.length)
 
+    def slot_rows(self, body: Body) -> int:
+        """Rows of each snapshot buffer of ``body``'s loop: the slots, and more where a mixed
+        schedule's data share them (:func:`._pool.rows`)."""
+        if self.dynamic:
+            return self.n_slots
+        return pool_rows(body, self.tables())
+
     @property
     def offload(self) -> Layout | None:
         """Where the slots live when some are outside device memory (host RAM, disk), else
@@ -118,7 +126,7 @@ class LoopPlan:
         slots, the handle of their store follows (known count) or replaces the rows (run-time
         count, ``Online(s, slow=...)``, with the stored leaves' tags: the held steps are those
         of the offloaded slots)."""
-        rows = [timed(a, self.n_slots) for a in body.snapshot_avals]
+        rows = [timed(a, self.slot_rows(body)) for a in body.snapshot_avals]
         handle = [core.ShapedArray((), jnp.int32)] if self.offload is not None else []
         if self.dynamic:
             if handle:  # and the stored leaves' tags (``_offload.tags_of``)

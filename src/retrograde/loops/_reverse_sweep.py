@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import _machine as machine
+from . import _pool
 from . import _residuals as residuals
 from ._body import Body, is_float
 from ._forward_sweep import forward
@@ -81,6 +82,7 @@ class StepRunner:
 
     off: Offload | None = None
     invariants: list | None = None  # the loop-invariant residuals, once data rows are made
+    pool: _pool.Pool | None = None  # the data residuals kept in the snapshot buffer, if any
 
     def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep, batched):
         self.body, self.consts, self.xs = body, consts, xs
@@ -152,12 +154,19 @@ class StepRunner:
         dk = tuple(f and not next(held) for f in self.fk)
         return residuals.linearization(self.body, tuple(self.fc), dk, tuple(self.fx), self.batched)
 
-    def data_rows(self, n_rows: int, deps) -> list:
+    def data_rows(self, n_rows: int, deps, tables: Tables | None = None, slots=()) -> list:
         """``n_rows`` data rows of each stored residual (zeros tied to ``deps``, as slots are:
-        :func:`._slots.zeros_after`); computes the loop-invariant residuals, once per sweep."""
+        :func:`._slots.zeros_after`), but of those that share the snapshot buffer ``slots``
+        (given ``tables`` whose rule pools them, :mod:`._pool`); computes the loop-invariant
+        residuals, once per sweep."""
         lin = self.linearization()
         self.invariants = lin.invariants(self.consts)
-        return zeros_after(lin.stored_avals, (n_rows,), deps)
+        avals = lin.stored_avals
+        if tables is not None and slots:
+            self.pool = _pool.plan(self.body, tables, avals, rows=slots[0].shape[0])
+        if self.pool is not None:
+            avals = [avals[j] for j in self.pool.rest]
+        return zeros_after(avals, (n_rows,), deps)
 
     def linearize(self, cur, i):
         """Step ``i`` from ``cur`` keeping its data: ``(next state, stored residuals)``."""
@@ -175,25 +184,37 @@ class StepRunner:
         xbar = put_row(xbar, dx, i) if xbar else xbar
         return dk, [a + b for a, b in zip(cbar, dc)], xbar
 
-    def data_forward(self, act, cur, data):
+    def data_forward(self, act, cur, slots, data):
         """A ``DATA`` leaf's evaluations (nothing for other actions): steps ``start .. stop - 2``
-        from the state at hand, each keeping its data in row ``n - start``."""
+        from the state at hand, each keeping its data in row ``n - start`` (pooled residuals in
+        the snapshot buffer ``slots`` from the leaf's level on). Returns ``(cur, slots,
+        data)``."""
+        pool = self.pool
 
-        def one(j, cs):
-            cur, data = cs
+        def one(j, st):
+            cur, slots, data = st
             cur, d = self.linearize(cur, act.start + j)
-            return cur, put_row(data, d, j)
+            if pool is None:
+                return cur, slots, put_row(data, d, j)
+            slots = _pool.write(pool, slots, act.store, j, d)
+            return cur, slots, put_row(data, [d[k] for k in pool.rest], j)
 
         w = jnp.where(act.kind == machine.DATA, act.stop - 1 - act.start, 0)
-        return lax.fori_loop(0, w, one, (cur, data))
+        return lax.fori_loop(0, w, one, (cur, slots, data))
 
-    def data_records(self, act, data, kbar, cbar, xbar):
+    def data_records(self, act, slots, data, kbar, cbar, xbar):
         """A ``DATA`` leaf's reversals from data (nothing for other actions): steps
         ``stop - 2`` down to ``start``, after its last step was recorded."""
+        pool = self.pool
+        avals = self.linearization().stored_avals
 
         def one(j, state):
             k = act.stop - 2 - j
-            return self.reverse_from(k, row(data, k - act.start), *state)
+            i = k - act.start
+            d = row(data, i)
+            if pool is not None:
+                d = _pool.merge(pool, _pool.read(pool, slots, act.store, i), d, avals)
+            return self.reverse_from(k, d, *state)
 
         w = jnp.where(act.kind == machine.DATA, act.stop - 1 - act.start, 0)
         return lax.fori_loop(0, w, one, (kbar, cbar, xbar))
@@ -289,14 +310,14 @@ def reverse(steps: StepRunner, source: MacroActionSource, cur, slots, kbar, cbar
         act = machine.Action(*act)
         cur, slots = steps.leaf_forward(act, idx, cur, slots)
         if source.with_data:
-            cur, data = steps.data_forward(act, cur, data)
+            cur, slots, data = steps.data_forward(act, cur, slots, data)
         if source.with_pairs:
             cur, slots = steps.pairs_forward(act, idx, cur, slots)
         kbar, cbar, xbar = steps.leaf_records(
             act, idx, cur, slots, kbar, cbar, xbar, source.with_data
         )
         if source.with_data:
-            kbar, cbar, xbar = steps.data_records(act, data, kbar, cbar, xbar)
+            kbar, cbar, xbar = steps.data_records(act, slots, data, kbar, cbar, xbar)
         return (m, nxt, cur, slots, data, kbar, cbar, xbar)
 
     if source.first is None:
@@ -350,7 +371,7 @@ def adjoint(
             off.tags = tags_of(snaps[ns:])
         data = []
         if tables.data_rows:
-            data = steps.data_rows(tables.data_rows, [*carry_bar, *carry0])
+            data = steps.data_rows(tables.data_rows, [*carry_bar, *carry0], tables, snaps[:ns])
         kbar, cbar, xbar = reverse(
             steps, source_for(tables), snaps[ns:], snaps[:ns], carry_bar, consts_bar, xs_bar, data
         )
@@ -365,7 +386,7 @@ def adjoint(
         return sweep(snaps[:-1], Offload(tables.offload, snaps[-1]))
 
     def own():
-        rows = zeros_after(body.snapshot_avals, (tables.n_slots,), [*carry_bar, *carry0])
+        rows = zeros_after(body.snapshot_avals, (_pool.rows(body, tables),), [*carry_bar, *carry0])
         off = Offload.open(tables.offload) if tables.offload is not None else None
         _, _, own_snaps = forward(
             body,

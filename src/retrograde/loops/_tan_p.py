@@ -101,7 +101,7 @@ def _tan_outs(body, plan, masks, save_tangents):
     outs += [timed(a.to_tangent_aval(), plan.length) for a, m in zip(body.y_avals, my) if m]
     if save_tangents:  # the snapshots' tangents: rows, then the state u_{N-1}
         saved = pick(_saved_tangents(body, masks), body.carry_avals)
-        outs += [timed(a.to_tangent_aval(), plan.n_slots) for a in saved]
+        outs += [timed(a.to_tangent_aval(), plan.slot_rows(body)) for a in saved]
         outs += [a.to_tangent_aval() for a in saved]
     return outs
 
@@ -139,7 +139,7 @@ def _tan_impl(args, body, plan, has_snaps, masks, save_tangents, axes):
     slots = None
     if save_tangents:
         slots = [
-            zeros_after([v.aval], (tables.n_slots,), [v, carry[i]])[0]
+            zeros_after([v.aval], (plan.slot_rows(body),), [v, carry[i]])[0]
             for v, i, st in zip(carry[body.nk :], primal_of, saved[body.nk :])
             if st
         ]

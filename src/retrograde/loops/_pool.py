@@ -1,0 +1,161 @@
+"""States and step data in one budget: a ``DATA`` leaf's data rows in the free slots' memory.
+
+Mixed checkpointing budgets states and data together: a leaf at level ``k`` (``k`` states held)
+may keep ``pooled(k)`` steps' data, where Revolve would keep more states. When the machine takes
+slots lowest first (:attr:`._machine.Rule.pooled`), slots ``0 .. k - 1`` are held while such a
+leaf runs and every slot from ``k`` on is free, so its data goes there: the snapshot buffer of
+``R`` rows of ``P`` elements, read as one vector of ``R P``, holds data row ``i`` of a leaf at
+level ``k`` from element ``k P + i Q`` on (``Q``: the elements of one step's pooled residuals).
+The buffer has ``R = max(S, max_k ceil((k P + pooled(k) Q) / P))`` rows (``S``: the machine's
+slots); for a schedule whose data size is the measured ``Q / P``, that is the budget.
+
+With several snapshot leaves (a pytree state; the primal and tangent leaves of an HVP's sweep),
+the leaves of the dtype with the most elements hold the data together: a step's pooled
+residuals, flattened and concatenated, are cut into one piece per leaf, in proportion to their
+rows, each written at that leaf's own offsets. Pooled: the stored residuals of that dtype. The
+others (another dtype: masks, indices) keep rows of their own, ``pooled(0)`` of each, outside
+the budget; so does everything when a leaf is sharded over explicit mesh axes or ``R P`` would
+not fit int32 offsets.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jax import lax
+
+from .._jax_private import core
+from . import _residuals as residuals
+from ._body import Body
+from ._slots import stacked_sharding, vary_as, varying_axes
+from ._tables import Tables
+
+i32 = jnp.int32
+_OFFSET_LIMIT = 2**31 - 1
+
+
+class Pool(NamedTuple):
+    """Which stored residuals share the snapshot buffers, and where.
+
+    Attributes:
+        pooled: the indices of the stored residuals kept in the snapshot buffers, in order.
+        rest: the others' indices (rows of their own).
+        hosts: the indices of the snapshot buffers that hold them (the snapshot leaves of their
+            dtype), with ``p``: the elements of one row of each, and ``q``: the elements of one
+            data row each holds (the pooled residuals of one step, flattened and concatenated,
+            are cut into pieces of these sizes, one per host).
+    """
+
+    pooled: tuple[int, ...]
+    rest: tuple[int, ...]
+    hosts: tuple[int, ...]
+    p: tuple[int, ...]
+    q: tuple[int, ...]
+
+
+def _hosts(body: Body):
+    """The snapshot leaves whose buffers may hold data: those of the dtype with the most
+    elements, none sharded over explicit mesh axes (else none)."""
+    avals = body.snapshot_avals
+    if not avals or any(stacked_sharding(a) is not None for a in avals):
+        return ()
+    size: dict = {}
+    for a in avals:
+        size[a.dtype] = size.get(a.dtype, 0) + a.size
+    dtype = max(size, key=lambda t: size[t])
+    return tuple(i for i, a in enumerate(avals) if a.dtype == dtype and a.size)
+
+
+def _rows_needed(tables: Tables, pool: Pool) -> int:
+    need = tables.n_slots
+    for p, q in zip(pool.p, pool.q):
+        most = max(k * p + tables.rule.pooled(k) * q for k in range(tables.n_slots + 1))
+        need = max(need, -(-most // p))
+    return need
+
+
+def plan(body: Body, tables: Tables, stored_avals, rows: int | None = None) -> Pool | None:
+    """The pool of a sweep whose data are ``stored_avals`` (one step's), in snapshot buffers of
+    ``rows`` rows (``None``: as many as it needs): the residuals of the hosts' dtype, the first
+    ones that fit (an HVP's sweep keeps more data per state than the gradient the rows were
+    sized for); ``None`` if nothing is pooled (the rule does not pool, or none fits)."""
+    hosts = _hosts(body)
+    if not hosts or tables.rule.pooled is None or not tables.data_rows:
+        return None
+    avals = body.snapshot_avals
+    dtype = avals[hosts[0]].dtype
+    axes = frozenset.intersection(*(varying_axes(avals[h]) for h in hosts))
+    pooled = tuple(
+        i
+        for i, a in enumerate(stored_avals)
+        if a.dtype == dtype and a.size and varying_axes(a) <= axes
+    )
+    p = tuple(math.prod(avals[h].shape) for h in hosts)
+    while pooled:  # as many residuals as fit in ``rows``, in order
+        pool = _cut(pooled, len(stored_avals), hosts, p, stored_avals)
+        need = _rows_needed(tables, pool)
+        if rows is None or need <= rows:
+            return pool if need * max(p) <= _OFFSET_LIMIT else None
+        pooled = pooled[:-1]
+    return None
+
+
+def _cut(pooled, n_stored: int, hosts, p, stored_avals) -> Pool:
+    """The pool of the residuals ``pooled``: pieces in proportion to the hosts' rows, the
+    remainder to the first ones."""
+    total = sum(math.prod(stored_avals[i].shape) for i in pooled)
+    q = [total * pj // sum(p) for pj in p]
+    for j in range(total - sum(q)):
+        q[j] += 1
+    rest = tuple(i for i in range(n_stored) if i not in pooled)
+    return Pool(pooled, rest, hosts, p, tuple(q))
+
+
+def rows(body: Body, tables: Tables) -> int:
+    """Rows of the snapshot buffers of ``body``'s loop: the machine's slots, and more where a
+    ``DATA`` leaf's data (a first-order gradient's: every float leaf differentiated) share
+    them (:func:`plan`)."""
+    if tables.rule.pooled is None or not tables.data_rows or not _hosts(body):
+        return tables.n_slots
+    lin = residuals.linearization(body, *residuals.every_float(body))
+    pool = plan(body, tables, lin.stored_avals)
+    return tables.n_slots if pool is None else _rows_needed(tables, pool)
+
+
+def write(pool: Pool, slots, level, i, data) -> list:
+    """``slots`` (the snapshot buffers) with the pooled residuals of ``data`` (all stored
+    residuals of one step) as data row ``i`` of a leaf at ``level``."""
+    row = jnp.concatenate([data[j].reshape(-1) for j in pool.pooled])
+    slots, at = list(slots), 0
+    for h, p, q in zip(pool.hosts, pool.p, pool.q):
+        buf = slots[h]
+        start = (level * p + i * q).astype(i32)
+        piece = vary_as(row[at : at + q], core.typeof(buf))
+        slots[h] = lax.dynamic_update_slice(buf.reshape(-1), piece, (start,)).reshape(buf.shape)
+        at += q
+    return slots
+
+
+def read(pool: Pool, slots, level, i):
+    """The pooled residuals of data row ``i`` of a leaf at ``level``, flattened and
+    concatenated."""
+    pieces = []
+    for h, p, q in zip(pool.hosts, pool.p, pool.q):
+        start = (level * p + i * q).astype(i32)
+        pieces.append(lax.dynamic_slice(slots[h].reshape(-1), (start,), (q,)))
+    return jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+
+
+def merge(pool: Pool, pooled_row, rest: list, avals) -> list:
+    """All stored residuals of one step, from its pooled row and the others' values."""
+    out: list = [None] * len(avals)
+    at = 0
+    for j in pool.pooled:
+        size = math.prod(avals[j].shape)
+        out[j] = pooled_row[at : at + size].reshape(avals[j].shape)
+        at += size
+    for j, v in zip(pool.rest, rest):
+        out[j] = v
+    return out
