@@ -372,6 +372,14 @@ def test_memory_within_the_slots_and_flat(order):
     assert sizes[10000] <= sizes[1000] + factor * CARRY
 
 
+def test_mixed_reversal_longer_than_its_rows_is_refused():
+    """``Mixed``'s reversal is read off its twin's rows; past ``ROW_LIMIT`` of them (no in-graph
+    split yet) building the tables says so and what to do."""
+    assert len(_tables.tables_for(rs.Mixed(40), 10_000).rows) <= _tables.ROW_LIMIT
+    with pytest.raises(ValueError, match=r"no in-graph split yet.*shorter loops"):
+        _tables.tables_for(rs.Mixed(4), 100_000)
+
+
 @pytest.mark.parametrize("order", ["grad", "hvp"])
 def test_mixed_memory_is_revolves_at_the_same_budget(order):
     """``Mixed(10, 2.0)`` for a step that keeps 2 states of data: its leaves' data rows share

@@ -108,7 +108,8 @@ class Rule(NamedTuple):
             holds, the machine's slots plus one (static); ``s_max - 1 - s`` is the task's level
             when slots are taken lowest first.
         split: ``(n, s, s_max) -> j``: the first split of a task that is not a leaf, ``s >= 2``
-            (``s >= 1`` with ``split_one_slot``), ``1 <= j < n``.
+            (``s >= 1`` with ``split_one_slot``), ``1 <= j < n``; ``None`` for a rule that runs
+            only as rows (its reversal must fit in ``_tables.ROW_LIMIT`` of them).
         py_leaf, py_split: the same in Python.
         state_slots: ``slots -> S``: the slots for states, of the ``slots`` the schedule may
             hold on its first level (``max_slots``, data included).
@@ -128,7 +129,7 @@ class Rule(NamedTuple):
     """
 
     leaf: Callable
-    split: Callable
+    split: Callable | None
     py_leaf: Callable
     py_split: Callable
     state_slots: Callable

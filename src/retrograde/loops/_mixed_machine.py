@@ -14,7 +14,8 @@ leaf if it has at most ``leaf_size(level)`` steps (one step: recorded), else it 
 no slot in the schedule, and the reversal linearizes that leaf again from it).
 
 When no step's data fits the budget (``leaf_size(0) == 1``), ``Mixed`` is Revolve and the rule
-is :data:`._machine.REVOLVE`.
+is :data:`._machine.REVOLVE`. The rule has no in-graph split yet, so a ``Mixed`` reversal is
+always read off the Python twin's rows (``_tables.ROW_LIMIT`` of them at most).
 """
 
 from __future__ import annotations
@@ -43,14 +44,9 @@ def mixed_rule(schedule: Mixed) -> machine.Rule:
         size = jnp.asarray(leaves, i32)[jnp.clip(s_max - 1 - s, 0, top)]
         return jnp.where(n == 1, machine.LEAF, jnp.where(n <= size, machine.DATA, -1))
 
-    def split(n, s, s_max):
-        from ._mixed_rule import split as in_graph_split
-
-        return in_graph_split(leaves, n, s_max - 1 - s)
-
     return machine.Rule(
         leaf=leaf,
-        split=split,
+        split=None,  # no in-graph split yet: the reversal is read off the twin's rows
         py_leaf=py_leaf,
         py_split=lambda n, s, s_max: schedule.split(n, s_max - 1 - s),
         state_slots=lambda slots: top,

@@ -157,6 +157,13 @@ def tables_for(schedule: OfflineSchedule, length: int) -> Tables:
             rule=rule,
         )
         rows = _machine_rows(tables)
+        if rows is None and rule.split is None:
+            raise ValueError(
+                f"{schedule!r} over {length} steps: its reversal has more than {ROW_LIMIT} "
+                "macro-actions, and this schedule's reversal runs only read off a table of "
+                "them (it has no in-graph split yet). Split the loop into shorter loops, or "
+                "use Revolve or the default schedule."
+            )
         if rows is None:
             if length >= CAP:
                 raise ValueError(
