@@ -31,8 +31,8 @@ while lowering, which function of ``retrograde.loops`` evaluates the step's jaxp
 around ``Body.runner``, a private method, in the child only): the copies of the step each
 loop of the sweeps holds.
 
-    python benchmarks/compile_time.py                    # every case and order; ~5 min on 2 cores
-    python benchmarks/compile_time.py --quick            # first order only; ~1-2 min
+    python benchmarks/compile_time.py                    # every case and order; ~2 min on 2 cores
+    python benchmarks/compile_time.py --quick            # first order only; ~1 min
     python benchmarks/compile_time.py --markdown --sites # markdown, with the copies per site
     python benchmarks/compile_time.py --cases node --orders grad,gradgrad
 """

@@ -38,8 +38,8 @@ Every function is compiled and run once first (warm-up), then all of a client's 
 called in turn over the rounds (``_common.time_round_robin``), so load from other processes
 slows them alike; ratios are of medians from one run.
 
-    python benchmarks/real_clients.py                 # full sizes; ~10-15 minutes on 2 cores
-    python benchmarks/real_clients.py --quick         # smaller N and T, 3 rounds; < 3 minutes
+    python benchmarks/real_clients.py                 # full sizes; ~8-10 minutes on 2 cores
+    python benchmarks/real_clients.py --quick         # smaller N and T, 3 rounds; ~3 minutes
     python benchmarks/real_clients.py --markdown      # the tables as markdown
     python benchmarks/real_clients.py --clients ks,gru32 --repeats 9
     python benchmarks/real_clients.py --check-counts  # the peers' evaluation counts, N = 12
@@ -216,7 +216,7 @@ def loops(n: int, s_mem: int | None) -> dict[str, tuple[Callable, Any]]:
     out = {
         LAX: (lax.scan, None),
         CKPT: (lambda f, c, xs, length: lax.scan(jax.checkpoint(f), c, xs, length=length), None),
-        "nested remat ({} x {})".format(*nested_shape(n)): (
+        nested_label(n): (
             lambda f, c, xs, length: (nested_remat(f, c, length, xs), None),
             None,
         ),
@@ -228,6 +228,10 @@ def loops(n: int, s_mem: int | None) -> dict[str, tuple[Callable, Any]]:
             Revolve(s_mem),
         )
     return out
+
+
+def nested_label(n: int) -> str:
+    return "nested remat ({} x {})".format(*nested_shape(n))
 
 
 def _ours(schedule):
@@ -271,7 +275,8 @@ def measure(client, repeats, min_time):
     )
     args = (client.theta, v)
     t0 = time.perf_counter()
-    nested_name, (nested, _) = list(loops(n, None).items())[2]
+    nested_name = nested_label(n)
+    nested = loops(n, None)[nested_name][0]
     grad_of = lambda scan: derivatives(client, scan)["gradient"]
     budget = temp_bytes(grad_of(nested), args)
     s_mem = largest_fitting(
