@@ -1,31 +1,26 @@
 """Mixed checkpointing in the compiled loops (issue #35): wall time against ``Revolve(s)`` at equal
 memory.
 
-A mixed schedule reverses short segments from each step's data (the residuals of its VJP, measured
-from the traced step: ``retrograde.loops._residuals``) instead of recomputing them, so it makes
-fewer forward evaluations than Revolve with the same slots. It pays when a step's forward costs at
-least its adjoint and its data is small. Cases (``N = 1000`` steps, ``s = 20`` state slots of
-memory for ``Revolve(s)``, gradient in ``u_0``, float64):
+``retrograde.schedules.Mixed(s, data_size)`` reverses short segments from each step's data (the
+residuals of its VJP) instead of recomputing them, so it makes fewer forward evaluations than
+``Revolve(s)`` with the same budget of ``s`` states: the compiled loops keep a leaf's data in the
+snapshot buffers' free rows (``retrograde.loops._pool``). The data size is measured from the
+traced step (``retrograde.loops._residuals.measure``). It pays when a step's forward costs at
+least its adjoint and its data is small. Cases (``N = 1000`` steps, ``s = 20``, gradient in
+``u_0``, float64):
 
 - ``implicit``: ``u + dt * w(u)``, ``w`` solving ``w + exp(w) = u`` elementwise by Newton's method
   (a ``custom_jvp`` whose derivative comes from the solution): the forward costs many times the
   adjoint, and the data is one state (the derivative ``1 / (1 + exp(w))``);
 - ``chain``: ``u + dt * sin(a_30 sin(... sin(a_1 u)))``: 30 residuals a step, more than the
-  budget: the mixed schedule is Revolve's.
+  budget: ``Mixed`` is Revolve's;
+- ``exponax KS``: a real client, exponax's Kuramoto-Sivashinsky 1D stepper (128 points,
+  ``dt = 0.1``; skipped with the install command when exponax is missing:
+  ``pip install 'retrograde[bench]'``).
 
-The mixed schedule is ``retrograde.schedules.Mixed(s, data_size)`` once it exists. Until then a
-stand-in here (:class:`SplitMixed`): the compiled loops keep states and data in separate buffers
-(``S`` state rows, ``L`` data rows of ``d`` states), so the stand-in is the optimal binomial tree of
-state snapshots over ``S`` slots whose leaves of at most ``L + 1`` steps are reversed from data
-(a dynamic program over ``(n, free slots)``, ``O(N^2 S)``), for the ``S + L d <= s`` that makes
-the fewest evaluations and whose compiled gradient needs no more temp memory than Revolve's
-(to within 0.5%; the data leaves' working set is about a state larger); if none beats Revolve's,
-``Revolve(s)`` itself. The first sweep stores the start of its last leaf where a slot is free (the
-compiled loop needs that state; ``S`` counts it).
-
-Printed, from one run: forward evaluations (``simulate``), temp memory (XLA's
-``temp_size_in_bytes``), and median wall times of the compiled gradients (round robin, so that
-load from other processes slows both alike), as ratios mixed / Revolve.
+Printed, from one run: the measured data size, forward evaluations (``simulate``), temp memory
+(XLA's ``temp_size_in_bytes``), and median wall times of the compiled gradients (round robin, so
+that load from other processes slows both alike), as ratios mixed / Revolve.
 
     python benchmarks/mixed_loops.py             # ~1-2 minutes on 2 cores
     python benchmarks/mixed_loops.py --quick     # N = 300, fewer repeats
@@ -36,32 +31,15 @@ load from other processes slows both alike), as ratios mixed / Revolve.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
-import math
 import statistics
 import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import retrograde
 from retrograde import schedules as rs
 from retrograde.loops._residuals import measure
-from retrograde.loops._tables import tables_for
-from retrograde.schedules import (
-    Advance,
-    End,
-    Free,
-    Level,
-    Linearize,
-    OfflineSchedule,
-    Record,
-    Restore,
-    Reverse,
-    Store,
-)
 
 from _common import prepare, print_table, time_round_robin
 
@@ -70,7 +48,6 @@ jax.config.update("jax_enable_x64", True)
 DT = 0.05
 NEWTON = 40  # iterations of the implicit step's solve
 CHAIN = 30  # layers of the chain step
-TOLERANCE = 0.005  # equal temp memory, to within this fraction
 
 
 # ----------------------------------------------------------------------------- the steps
@@ -105,102 +82,23 @@ def chain(u, _):
     return u + DT * v, None
 
 
-# ----------------------------------------------------------------------------- the stand-in
-
-
-def optimum_table(n_steps: int, states: int, rows: int):
-    """``(cost, split)`` over ``n <= n_steps`` steps and ``b <= states`` free slots: the fewest
-    forward evaluations reversing ``n`` steps from ``u_a`` at hand, leaves of at most ``rows + 1``
-    steps from data (``n`` evaluations), else the best split ``i``: store ``u_a``, advance ``i``,
-    reverse the right part with ``b - 1`` slots, restore, the left part with ``b``."""
-    inf = np.iinfo(np.int64).max // 4
-    cost = np.full((n_steps + 1, states + 1), inf, np.int64)
-    split = np.zeros((n_steps + 1, states + 1), np.int64)
-    for b in range(states + 1):
-        for n in range(1, n_steps + 1):
-            if n - 1 <= rows:
-                cost[n, b] = n
-            elif b:
-                i = np.arange(1, n)
-                c = i + cost[n - i, b - 1] + cost[i, b]
-                j = int(np.argmin(c))
-                cost[n, b], split[n, b] = c[j], j + 1
-    return cost, split
-
-
-@dataclasses.dataclass(frozen=True)
-class SplitMixed(OfflineSchedule):
-    """The stand-in: ``states`` state slots (0 ..), ``rows`` data slots after them."""
-
-    states: int
-    rows: int
-
-    @property
-    def levels(self):
-        return (Level(self.states + self.rows),)
-
-    @functools.lru_cache(maxsize=4)  # noqa: B019 (a few frozen instances, one table each)
-    def table(self, n_steps):
-        return optimum_table(n_steps, self.states, self.rows)
-
-    def actions(self, n_steps):
-        if n_steps:
-            _, split = self.table(n_steps)
-            free = list(range(self.states - 1, -1, -1))
-            yield from self._reverse(0, n_steps, len(free), free, split, True)
-        yield End()
-
-    def _reverse(self, a, n, b, free, split, first):
-        """Reverse ``[a, a + n)`` from ``u_a`` at hand with ``b`` free slots (the left parts in a
-        loop, the right parts recursively: depth at most ``states``)."""
-        while n - 1 > self.rows:
-            i, slot = int(split[n, b]), free.pop()
-            yield Store(a, slot)
-            yield Advance(a, a + i)
-            yield from self._reverse(a + i, n - i, b - 1, free, split, first)
-            yield Restore(a, slot)
-            yield Free(a, slot)
-            free.append(slot)
-            n, first = i, False
-        keep = first and free and n > 1  # the first sweep keeps its last leaf's start
-        if keep:
-            slot = free[-1]
-            yield Store(a, slot)
-        data = self.states
-        for k in range(n - 1):
-            yield Linearize(a + k, data + k)
-        yield Record(a + n - 1)
-        for k in reversed(range(n - 1)):
-            yield Reverse(a + k, data + k)
-            yield Free(a + k, data + k)
-        if keep:
-            yield Free(a, slot)
-
-
-def mixed_candidates(n_steps: int, s: int, d: float):
-    """``[schedules.Mixed(s, d)]`` if it exists, else the stand-ins that beat ``Revolve(s)``
-    with ``S + L d <= s`` (the compiled loop's state rows counted, the first sweep's last leaf's
-    start included), fewest evaluations first; then ``Revolve(s)``."""
-    if hasattr(rs, "Mixed"):
-        return [rs.Mixed(s, data_size=d)]
-    fewest = rs.simulate(rs.Revolve(s), n_steps).evaluations
-    found = {}
-    for rows in range(1, int(s / d) + 1 if d > 0 else s):
-        budget = s - math.ceil(rows * d)
-        for states in range(budget, max(budget - 3, 0), -1):
-            schedule = SplitMixed(states, rows)
-            if tables_for(schedule, n_steps).n_slots <= budget:
-                cost = int(optimum_table(n_steps, states, rows)[0][n_steps, states])
-                if cost < fewest:
-                    found[schedule] = cost
-    return sorted(found, key=found.get) + [rs.Revolve(s)]
+def exponax_ks():
+    """exponax's Kuramoto-Sivashinsky 1D stepper as a scan step, and its initial state; ``None``
+    when exponax is not installed."""
+    try:
+        import exponax as ex
+    except ImportError:
+        print("exponax KS skipped: pip install 'retrograde[bench]'  (or: pip install exponax)")
+        return None
+    stepper = ex.stepper.KuramotoSivashinsky(1, 60.0, 128, 0.1)
+    u0 = ex.ic.RandomTruncatedFourierSeries(1, cutoff=5)(128, key=jax.random.PRNGKey(0))
+    return (lambda u, _: (stepper(u), None)), u0
 
 
 # ----------------------------------------------------------------------------- the run
 
 
-def case(name, step, n_steps, s, size, repeats, clock):
-    u0 = jnp.linspace(0.5, 2.0, size)
+def case(name, step, u0, n_steps, s, repeats, clock):
     d = measure(step, u0)
 
     def gradient(schedule):
@@ -210,20 +108,11 @@ def case(name, step, n_steps, s, size, repeats, clock):
 
         return jax.grad(loss)
 
-    compiled, outs, temps, evals, schedules = {}, {}, {}, {}, {}
-    # Equal memory: the mixed schedule with the fewest evaluations whose compiled gradient's
-    # temp memory is at most Revolve's (to within TOLERANCE: the tables differ by a few hundred
-    # bytes).
-    for key, candidates in (
-        ("Revolve", [rs.Revolve(s)]),
-        ("mixed", mixed_candidates(n_steps, s, d)),
-    ):
-        for schedule in candidates:
-            compiled[key], outs[key], _, temps[key] = prepare(gradient(schedule), u0)
-            schedules[key] = schedule
-            if key == "Revolve" or temps[key] <= (1 + TOLERANCE) * temps["Revolve"]:
-                break
-        evals[key] = rs.simulate(schedules[key], n_steps).evaluations
+    schedules = {"Revolve": rs.Revolve(s), "mixed": rs.Mixed(s, data_size=d)}
+    compiled, outs, temps, evals = {}, {}, {}, {}
+    for key, schedule in schedules.items():
+        compiled[key], outs[key], _, temps[key] = prepare(gradient(schedule), u0)
+        evals[key] = rs.simulate(schedule, n_steps).evaluations
     err = float(
         jnp.max(jnp.abs(outs["mixed"] - outs["Revolve"])) / jnp.max(jnp.abs(outs["Revolve"]))
     )
@@ -231,7 +120,7 @@ def case(name, step, n_steps, s, size, repeats, clock):
     median = {k: statistics.median(v) for k, v in times.items()}
     return [
         name,
-        f"{d:g}",
+        f"{d:.3g}",
         repr(schedules["mixed"]),
         f"{evals['Revolve']} / {evals['mixed']}",
         f"{evals['mixed'] / evals['Revolve']:.3f}",
@@ -248,7 +137,7 @@ def main():
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--n", type=int, default=None)
     parser.add_argument("--snapshots", type=int, default=20)
-    parser.add_argument("--size", type=int, default=2000, help="floats in the state")
+    parser.add_argument("--size", type=int, default=2000, help="floats in the synthetic states")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument(
         "--clock", choices=["wall", "cpu"], default="wall", help="cpu: the process's CPU time"
@@ -257,12 +146,17 @@ def main():
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     n = args.n or (300 if args.quick else 1000)
     repeats = args.repeats or (3 if args.quick else 7)
-    rows = [
-        case(name, step, n, args.snapshots, args.size, repeats, clock)
+    cases = [
+        (name, step, jnp.linspace(0.5, 2.0, args.size))
         for name, step in (("implicit", implicit), ("chain", chain))
     ]
+    ks = exponax_ks()
+    if ks is not None:
+        cases.append(("exponax KS", *ks))
+    rows = [case(name, step, u0, n, args.snapshots, repeats, clock) for name, step, u0 in cases]
     print_table(
-        f"Mixed against Revolve({args.snapshots}), N = {n}, {args.size} float64, gradient in u_0 "
+        f"Mixed against Revolve({args.snapshots}), N = {n}, float64 ({args.size} values; KS 128), "
+        "gradient in u_0 "
         f"({args.clock} time, {jax.default_backend()}, jax {jax.__version__})",
         [
             "step",
