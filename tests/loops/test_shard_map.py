@@ -14,7 +14,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import retrograde
-from retrograde.schedules import Online, Revolve
+from retrograde.schedules import Mixed, Online, Revolve
 
 from . import _problems as PB
 
@@ -112,6 +112,15 @@ def test_collectives_every_derivative(loop, mode):
     got = MODES[mode](_loss_fn(loop, SCHEDULES[loop]))
     ref = MODES[mode](_loss_fn(loop, "lax"))
     PB.assert_close(got, ref, 1e-12, f"{loop} {mode}")
+
+
+@pytest.mark.parametrize("mode", ["grad", "hvp"])
+def test_mixed_schedule_with_collectives(mode):
+    """``Mixed``: steps reversed from their residuals (pooled with the snapshots), a step with
+    collectives, a replicated cotangent seed."""
+    got = MODES[mode](_loss_fn("scan", Mixed(3, 2.0)))
+    ref = MODES[mode](_loss_fn("scan", "lax"))
+    PB.assert_close(got, ref, 1e-12, f"Mixed {mode}")
 
 
 def test_default_schedule_and_eager_shard_map():

@@ -90,7 +90,7 @@ def plan(body: Body, tables: Tables, stored_avals, rows: int | None = None) -> P
     pooled = tuple(
         i
         for i, a in enumerate(stored_avals)
-        if a.dtype == dtype and a.size and varying_axes(a) <= axes
+        if a.dtype == dtype and a.size and varying_axes(a) == axes
     )
     p = tuple(math.prod(avals[h].shape) for h in hosts)
     while pooled:  # as many residuals as fit in ``rows``, in order

@@ -30,6 +30,7 @@ from jax.extend import core as jex_core
 
 from .._jax_private import ad, core, pe
 from ._body import Body, cut, is_float
+from ._slots import vary_as, zeros
 
 Mask = tuple[bool, ...]
 
@@ -109,11 +110,13 @@ class Linearization:
         picks = {CONST: consts, X: x, INVARIANT: invariants, STORED: stored}
         res = [picks[s.kind][s.at] for s in self.sources]
         run = self._run_linear
-        transpose = jax.linear_transpose(
-            lambda *t: run(*res, *t),
-            *(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self.tangent_avals),
-        )
-        cts = transpose(list(cotangents))
+        # The transpose as the VJP of the linear part at zero tangents, typed as the tangents
+        # are (inside ``jax.shard_map``, their varying mesh axes: ``jax.linear_transpose`` takes
+        # only shapes); the linear part's evaluation at zero is dead code. Cotangents are typed as
+        # its outputs (a seed may vary over fewer mesh axes, e.g. a replicated one).
+        _, transpose = jax.vjp(lambda *t: run(*res, *t), *zeros(self.tangent_avals))
+        outs = self.linear.out_avals
+        cts = transpose([vary_as(c, a) for c, a in zip(cotangents, outs)])
         dc, dk, dx = cut(cts, [sum(self.dc), sum(self.dk), sum(self.dx)])
         return list(dc), list(dk), list(dx)
 
