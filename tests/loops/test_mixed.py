@@ -128,14 +128,19 @@ def test_residuals_are_sorted_and_transpose_to_the_vjp():
 
 
 def test_data_size_is_measured_from_the_step():
-    """Data sizes in states, every float leaf differentiated (parameters included)."""
+    """Data sizes in states, every float leaf differentiated (with ``consts=True`` the
+    closed-over parameters too)."""
     a = 0.5 * jnp.eye(4)
     u = jnp.ones(4)
-    # A linear step keeps its input (for the parameter's cotangent): one state.
-    assert _residuals.measure(lambda u, x: (a @ u, None), u) == 1.0
+    # A linear step keeps its input for the parameter's cotangent: one state; nothing else.
+    assert _residuals.measure(lambda u, x: (a @ u, None), u, consts=True) == 1.0
+    assert _residuals.measure(lambda u, x: (a @ u, None), u) == 0.0
     assert _residuals.measure(lambda u, x: (u + 0.01 * jnp.sin(0.7 * u), None), u) == 1.0
-    # u (for a), tanh and 1 - tanh^2 (JAX's linearisation of tanh).
-    assert _residuals.measure(lambda u, x: (u + 0.01 * jnp.tanh(a @ u), None), u) == 3.0
+    # u (for a), tanh and 1 - tanh^2 (JAX's linearisation of tanh); without a: the last two.
+    assert (
+        _residuals.measure(lambda u, x: (u + 0.01 * jnp.tanh(a @ u), None), u, consts=True) == 3.0
+    )
+    assert _residuals.measure(lambda u, x: (u + 0.01 * jnp.tanh(a @ u), None), u) == 2.0
     # A step that only reads its parameters from the state keeps nothing.
     assert _residuals.measure(lambda u, x: (u + x, None), u, jnp.ones(4)) == 0.0
 

@@ -190,23 +190,26 @@ def every_float(body: Body) -> tuple[Mask, Mask, Mask]:
     )
 
 
-def data_size(body: Body) -> float:
+def data_size(body: Body, consts: bool = True) -> float:
     """The data of one step of ``body`` in states: the bytes of its stored residuals when every
-    float leaf is differentiated (a first-order gradient), over the bytes of a state (the
-    carry leaves a snapshot holds). ``inf`` for a state of no bytes with some data."""
-    lin = linearization(body, *every_float(body))
+    float leaf is differentiated (a first-order gradient; with ``consts=False``, every float
+    leaf but the consts), over the bytes of a state (the carry leaves a snapshot holds).
+    ``inf`` for a state of no bytes with some data."""
+    dc, dk, dx = every_float(body)
+    lin = linearization(body, dc if consts else (False,) * len(dc), dk, dx)
     state = nbytes(body.snapshot_avals)
     if state == 0:
         return 0.0 if lin.data_bytes == 0 else math.inf
     return lin.data_bytes / state
 
 
-def measure(f, init, x=None) -> float:
+def measure(f, init, x=None, consts: bool = False) -> float:
     """The data size (:func:`data_size`) of the step of ``retrograde.scan(f, init, xs)``, ``x``
     one row of ``xs``: ``f(carry, x) -> (carry, y)``, traced once (its closed-over arrays are
-    its consts)."""
+    its consts), for a gradient in the carry and ``xs``, and with ``consts=True`` in the
+    closed-over arrays too (parameters): a step keeps more data for their cotangents."""
     closed = jax.make_jaxpr(f)(init, x)
     nk, nx = len(jax.tree_util.tree_leaves(init)), len(jax.tree_util.tree_leaves(x))
-    consts = list(closed.consts)
     jaxpr = pe.convert_constvars_jaxpr(closed.jaxpr)
-    return data_size(Body(jex_core.ClosedJaxpr(jaxpr, ()), len(consts), nk, nx))
+    body = Body(jex_core.ClosedJaxpr(jaxpr, ()), len(closed.consts), nk, nx)
+    return data_size(body, consts)
