@@ -223,6 +223,31 @@ def test_mixed_gradient_count_and_gradient(schedule, n):
     P.assert_close(grad(*ARGS), ref, RTOL, f"{schedule} gradient")
 
 
+def test_default_schedule_is_mixed_where_the_data_fit_a_state():
+    """``schedule=None``: ``Mixed(s, 1.0)`` with the default slots where a step keeps one state
+    of data (``cos(0.5 u)``), so about ``2N`` evaluations instead of ``3N`` in the same memory;
+    ``Revolve(s)`` where a differentiated parameter makes it two (``u`` as well)."""
+    n = 200
+    s = retrograde.loops.default_schedule(n).snapshots
+
+    def loss(theta, u0, scan, fixed):
+        def step(u, _):
+            jax.debug.callback(lambda: CALLS.append(1), ordered=False)
+            return u + 0.01 * jnp.sin((0.5 if fixed else theta) * u), None
+
+        return jnp.sum(scan(step, u0, None, length=n)[0] ** 2)
+
+    u0 = jnp.linspace(0.1, 1.0, 5)
+    for fixed, schedule in ((True, rs.Mixed(s, 1.0)), (False, rs.Revolve(s))):
+        ours = functools.partial(loss, scan=retrograde.scan, fixed=fixed)
+        grad = jax.jit(jax.grad(ours, argnums=(0, 1)))
+        relinearized = _tables.tables_for(schedule, n).relinearized
+        assert _count(grad, 0.5, u0) == rs.simulate(schedule, n).evaluations + 1 + relinearized
+        ref = jax.grad(functools.partial(loss, scan=jax.lax.scan, fixed=fixed), argnums=(0, 1))
+        P.assert_close(grad(0.5, u0), ref(0.5, u0), RTOL, f"default {schedule}")
+    assert rs.Mixed(s, 1.0).evaluations(n) < 0.7 * rs.simulate(rs.Revolve(s), n).evaluations
+
+
 def test_hvp_count():
     """``jvp(grad)``: the gradient's evaluations plus the tangent loop's ``N``; the augmented
     reverse sweep reads the forward's snapshots and their tangents, and reverses its own data

@@ -12,8 +12,17 @@ import numpy as np
 from jax import lax, tree_util
 
 from .._jax_private import core
-from ..schedules import Online, Schedule, check_steps, default_schedule
-from . import _intern
+from ..schedules import (
+    Mixed,
+    Online,
+    Revolve,
+    Schedule,
+    check_steps,
+    default_schedule,
+    revolve_optimum,
+)
+from . import _intern, _pool
+from . import _residuals as residuals
 from ._body import Body, forward_unchanged, make_body
 from ._carry import (
     Names,
@@ -34,7 +43,7 @@ from ._carry import (
 )
 from ._fwd_p import forward_loop
 from ._primitives import LoopPlan
-from ._tables import check_offline
+from ._tables import check_offline, tables_for
 from ._while import named_while_loop
 
 Carry = TypeVar("Carry")
@@ -84,7 +93,9 @@ def scan(
             ``RecomputeAll``, ``Periodic``, ``MultiLevel``, whose levels may live in host RAM or
             on disk: ``Level(..., storage="host")``, see ``docs/offload.md``).
             Default: :func:`default_schedule` (about ``sqrt(2N)`` snapshots, each step run
-            plainly at most twice).
+            plainly at most twice), or ``Mixed`` with as many snapshots where it makes fewer
+            evaluations in the same memory (a step whose data fit a state, see
+            ``docs/choosing-a-schedule.md``).
 
     Returns:
         ``(carry, ys)``: the final carry and the per-step outputs stacked along a new leading
@@ -138,7 +149,8 @@ def _scan(f, init, xs, length, reverse, unroll, schedule, names: Names):
     # Validated as jax.lax.scan does; the forward sweeps unroll their loops by it (a performance
     # hint: results, evaluation counts and memory bounds are unaffected).
     unroll = max(1, min(check_unroll(unroll, length, where), max(length, 1)))
-    if schedule is None:
+    chosen = schedule is None
+    if chosen:
         schedule = default_schedule(length)
     schedule = check_offline(schedule, where)
 
@@ -153,6 +165,8 @@ def _scan(f, init, xs, length, reverse, unroll, schedule, names: Names):
         lambda s: s.consts,
     )
     body, consts = step.body, step.consts
+    if chosen:
+        schedule = mixed_default(body, length, schedule)
     init_flat = convert(init_flat, step.dtypes)
     if reverse:
         xs_flat = [lax.rev(x, (0,)) for x in xs_flat]
@@ -163,6 +177,32 @@ def _scan(f, init, xs, length, reverse, unroll, schedule, names: Names):
     ys = [lax.rev(y, (0,)) for y in outs[body.nk :]] if reverse else outs[body.nk :]
     # The pair in the container f returned it in (a list stays a list), as jax.lax.scan does.
     return tree_util.tree_unflatten(step.pair, [carry, tree_util.tree_unflatten(step.y_tree, ys)])
+
+
+def mixed_default(body, length: int, revolve):
+    """The default schedule for ``body``: ``Mixed(s, 1.0)`` with the slots ``s`` of the default
+    ``revolve`` where one step's data (its residuals for a first-order gradient in every float
+    leaf, ``_residuals.data_size``) fit in one state and all share the snapshot buffers
+    (``_pool``), so it takes ``revolve``'s memory, and where it makes fewer evaluations
+    (about ``2N`` against ``3N`` for ``N`` above ``s + 1``); else ``revolve``. ``O(N)`` when
+    tracing (the tables' rows); a ``Mixed`` reversal longer than its rows allow stays Revolve's.
+    """
+    if not isinstance(revolve, Revolve) or length < 3 or not any(body.stored):
+        return revolve
+    if not 0 < residuals.data_size(body) <= 1:
+        return revolve
+    mixed = Mixed(revolve.snapshots, 1.0)
+    if mixed.evaluations(length) >= revolve_optimum(length, revolve.snapshots) + length:
+        return revolve
+    try:
+        tables = tables_for(mixed, length)
+    except ValueError:  # more macro-actions than the rows allow (no in-graph split yet)
+        return revolve
+    lin = residuals.linearization(body, *residuals.every_float(body))
+    pool = _pool.plan(body, tables, lin.stored_avals)
+    if pool is None or pool.rest or _pool.rows(body, tables) > tables.n_slots:
+        return revolve
+    return mixed
 
 
 class _Step(NamedTuple):
@@ -254,7 +294,7 @@ def fori_loop(
     to ``upper - 1`` (no step if ``upper <= lower``).
 
     Static bounds (Python ints, or concrete integer arrays) run :func:`scan` over
-    ``upper - lower`` steps with an offline ``schedule`` (default :func:`default_schedule`), as
+    ``upper - lower`` steps with an offline ``schedule`` (default: :func:`scan`'s), as
     ``jax.lax.fori_loop`` runs ``jax.lax.scan``; ``i`` is then a weakly typed int, as there.
     Traced bounds (e.g. arguments of a ``jax.jit`` function) run
     :func:`retrograde.while_loop` on ``(i, upper, val)``, again as ``jax.lax.fori_loop`` does,
