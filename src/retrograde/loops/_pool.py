@@ -7,7 +7,10 @@ leaf runs and every slot from ``k`` on is free, so its data goes there: the snap
 ``R`` rows of ``P`` elements, read as one vector of ``R P``, holds data row ``i`` of a leaf at
 level ``k`` from element ``k P + i Q`` on (``Q``: the elements of one step's pooled residuals).
 The buffer has ``R = max(S, max_k ceil((k P + pooled(k) Q) / P))`` rows (``S``: the machine's
-slots); for a schedule whose data size is the measured ``Q / P``, that is the budget.
+slots); for a schedule whose data size is the measured ``Q / P``, that is the budget. ``R`` is
+sized, when the loop is traced, for a first-order gradient in every float leaf (parameters
+included); a derivative in fewer leaves keeps less data and fills fewer rows, and one that keeps
+more (an HVP's sweep) pools what fits and keeps the rest in rows of its own.
 
 With several snapshot leaves (a pytree state; the primal and tangent leaves of an HVP's sweep),
 the leaves of the dtype with the most elements hold the data together: a step's pooled
