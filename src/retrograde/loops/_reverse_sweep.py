@@ -24,9 +24,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._jax_private import core
 from . import _machine as machine
 from . import _pool
 from . import _residuals as residuals
+from ._batch_levels import sum_over
 from ._body import Body, is_float
 from ._forward_sweep import forward
 from ._offload import Offload, Segments, tags_of
@@ -78,17 +80,23 @@ class StepRunner:
     ``cur`` holds the carry leaves that snapshots hold; write-only buffer leaves (``body.stored``
     False) are fed to the step as fixed zeros, since nothing the step computes depends on them, so
     recomputation never carries (or writes) them. ``off``: the sweep's offloaded slots, if any.
+
+    ``sums``: for each differentiated const (each entry of the consts cotangent), the vmap axes
+    its cotangent is summed over (``adj_p``'s ``sums``, :mod:`._batch_levels`): each step's
+    contribution is summed over them as it is added, so the sweep carries one cotangent, not one
+    per element of the batch.
     """
 
     off: Offload | None = None
     invariants: list | None = None  # the loop-invariant residuals, once data rows are made
     pool: _pool.Pool | None = None  # the data residuals kept in the snapshot buffer, if any
 
-    def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep, batched):
+    def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep, batched, sums=None):
         self.body, self.consts, self.xs = body, consts, xs
         self.batched = batched
         self.run = body.runner(batched)
         self.fc, self.fx = _differentiated(body, keep)
+        self.sums = list(sums) if sums is not None else [()] * sum(self.fc)
         self.fk = [is_float(a) for a in body.carry_avals]
         # Float carry leaves held constant (their cotangents come out zero).
         self.held_k = [False] * sum(self.fk) if keep is None else [not k for k in keep.carry]
@@ -143,7 +151,11 @@ class StepRunner:
         _, pullback = jax.vjp(f, c_f, k_f, x_f)
         dc, dk, dx = pullback((list(kbar), ybar_i))
         xbar = put_row(xbar, dx, i) if xbar else xbar
-        return list(dk), [a + b for a, b in zip(cbar, dc)], xbar
+        return list(dk), self.accumulate(cbar, dc), xbar
+
+    def accumulate(self, cbar, dc):
+        """The consts cotangent ``cbar`` plus one step's ``dc``, summed over its ``sums``."""
+        return [a + sum_over(b, names) for a, b, names in zip(cbar, dc, self.sums)]
 
     # Steps reversed from their data (mixed checkpointing, :mod:`._residuals`).
 
@@ -182,7 +194,7 @@ class StepRunner:
         given = iter(dk)  # for the float carry leaves not held; held ones get zeros
         dk = [jnp.zeros_like(k) if held else next(given) for k, held in zip(kbar, self.held_k)]
         xbar = put_row(xbar, dx, i) if xbar else xbar
-        return dk, [a + b for a, b in zip(cbar, dc)], xbar
+        return dk, self.accumulate(cbar, dc), xbar
 
     def data_forward(self, act, cur, slots, data):
         """A ``DATA`` leaf's evaluations (nothing for other actions): steps ``start .. stop - 2``
@@ -329,9 +341,16 @@ def reverse(steps: StepRunner, source: MacroActionSource, cur, slots, kbar, cbar
     return state[5], state[6], state[7]
 
 
-def _cotangent_init(body, consts, xs, keep=None):
+def _cotangent_init(body, consts, xs, keep=None, sums=None):
+    """Zero cotangents of the differentiated consts and xs; one summed over vmap axes
+    (``sums``, as :class:`StepRunner`'s) is one value for the whole batch."""
     fc, fx = _differentiated(body, keep)
-    consts_bar = [jnp.zeros_like(c) for c, f in zip(consts, fc) if f]
+    sums = iter(sums if sums is not None else [()] * sum(fc))
+    consts_bar = [
+        (zeros([core.typeof(c)])[0] if next(sums) else jnp.zeros_like(c))
+        for c, f in zip(consts, fc)
+        if f
+    ]
     xs_bar = [jnp.zeros_like(x) for x, f in zip(xs, fx) if f]
     return consts_bar, xs_bar
 
@@ -348,6 +367,7 @@ def adjoint(
     ymask,
     keep=None,
     axes=(),
+    sums=None,
 ):
     """Execute the schedule's reverse sweep from the forward sweep's snapshots ``snaps`` (as
     :func:`._forward_sweep.forward` returns them), or, with ``snaps is None``, its forward sweep
@@ -357,12 +377,13 @@ def adjoint(
     whose ``ymask`` entry is True (the others are zero and never materialised). ``keep`` (a
     ``WrtMasks``) selects the float leaves whose cotangents are wanted (``None``: all); the others
     are held constant, so their cotangents cost neither time nor memory. ``axes``:
-    the names of the ``vmap`` axes this runs under (see :func:`confined`).
+    the names of the ``vmap`` axes this runs under (see :func:`confined`); ``sums``: the vmap
+    axes each consts cotangent is summed over (see :class:`StepRunner`).
     """
-    consts_bar, xs_bar = _cotangent_init(body, consts, xs, keep)
+    consts_bar, xs_bar = _cotangent_init(body, consts, xs, keep, sums)
     if tables.length == 0:
         return consts_bar, list(carry_bar), xs_bar
-    steps = StepRunner(body, consts, xs, ys_bar, ymask, keep, bool(axes))
+    steps = StepRunner(body, consts, xs, ys_bar, ymask, keep, bool(axes), sums)
     ns = sum(body.stored)
 
     def sweep(snaps, off=None):
@@ -421,6 +442,7 @@ def adjoint_while(
     axes=(),
     layout=None,
     rule: machine.Rule = machine.REVOLVE,
+    sums=None,
 ):
     """Reverse ``n_steps`` steps of a body without per-step inputs or outputs.
 
@@ -433,8 +455,8 @@ def adjoint_while(
     (``ck = ([handle, *tags], held)``): each segment's start is restored from it into one of the
     ``n_slots`` device slots, which reverse the segment (:class:`._offload.Segments`).
     """
-    consts_bar, _ = _cotangent_init(body, consts, [], keep)
-    steps = StepRunner(body, consts, [], [], (), keep, bool(axes))
+    consts_bar, _ = _cotangent_init(body, consts, [], keep, sums)
+    steps = StepRunner(body, consts, [], [], (), keep, bool(axes), sums)
 
     def sweep_offloaded(handle, held, tags):
         steps.off = Offload(layout, handle, tags)
