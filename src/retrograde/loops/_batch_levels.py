@@ -37,7 +37,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._jax_private import ad, batching, config, core
+from jax.extend.core import Primitive
+
+from .._jax_private import ad, batching, config, core, mlir
 from ._body import Body
 from ._slots import vary_as
 
@@ -226,6 +228,93 @@ def sum_over(x, names: Sequence[Hashable]):
     with config._check_vma(False):
         out = lax.psum(x, tuple(names))
     return vary_as(out, core.typeof(x))
+
+
+def summed_vjp(
+    fun: Callable, primals: Sequence, others: Sequence, cts: Sequence, sums: Sequence, effects=()
+) -> list:
+    """The VJP of ``fun`` (a function of the arrays ``primals`` then ``others``, returning a list
+    of arrays; it closes over no traced value) in ``primals``, at ``(primals, others)`` along
+    ``cts``, the cotangent of ``primals[i]`` summed over the vmap axes ``sums[i]`` (as
+    :func:`sum_over`). ``effects``: ``fun``'s.
+
+    Under the ``vmap`` of one of those axes, the VJP is taken of the batched ``fun`` (its
+    batching rule, :func:`_summed_vjp_batch`), as ``jax.lax.scan``'s batched transpose is: the
+    cotangent of an unbatched input summed over the batch comes out of one product that
+    contracts over the batch (``W @ h`` per element gives ``W``'s cotangent as one matrix
+    product), not one product per element and then a sum over the batch, which XLA's CPU
+    backend runs as a slow reduction over the major axis."""
+    primals, others, cts = list(primals), list(others), list(cts)
+    if not any(sums):
+        _, pullback = jax.vjp(lambda *p: list(fun(*p, *others)), *primals)
+        return list(pullback(cts))
+    return summed_vjp_p.bind(
+        *primals,
+        *others,
+        *cts,
+        fun=fun,
+        n=(len(primals), len(others)),
+        sums=tuple(tuple(s) for s in sums),
+        effects=frozenset(effects),
+    )
+
+
+def _summed_vjp(args, fun, n, sums, effects):
+    """:func:`summed_vjp`, unbatched: the VJP, then each cotangent summed."""
+    n_p, n_o = n
+    others = args[n_p : n_p + n_o]
+    _, pullback = jax.vjp(lambda *p: list(fun(*p, *others)), *args[:n_p])
+    return [sum_over(g, s) for g, s in zip(pullback(list(args[n_p + n_o :])), sums)]
+
+
+summed_vjp_p = Primitive("retrograde_summed_vjp")
+summed_vjp_p.multiple_results = True
+summed_vjp_p.def_impl(lambda *args, **params: _summed_vjp(args, **params))
+summed_vjp_p.def_effectful_abstract_eval(
+    lambda *avals, fun, n, sums, effects: (list(avals[: n[0]]), set(effects))
+)
+mlir.register_lowering(
+    summed_vjp_p,
+    mlir.lower_fun(lambda *args, **params: _summed_vjp(args, **params), multiple_results=True),
+)
+
+
+def _summed_vjp_batch(data, args, dims, *, fun, n, sums, effects):
+    """Batch :func:`summed_vjp` over the vmap ``data``: the VJP of ``fun`` under ``vmap``, with
+    the inputs summed over this axis that are not batched left unbatched (their cotangents come
+    out summed over the batch) and every other differentiated input batched (its cotangent per
+    element)."""
+    n_p, n_o = n
+    here = [data.name in s for s in sums]
+    rest = [tuple(a for a in s if a != data.name) for s in sums]
+
+    def batched(x, d):
+        if d is None:
+            return jnp.broadcast_to(x, (data.size, *jnp.shape(x)))
+        return jnp.moveaxis(x, d, 0)
+
+    shared = [d is None and h for d, h in zip(dims[:n_p], here)]
+    primals = [x if sh else batched(x, d) for x, d, sh in zip(args[:n_p], dims[:n_p], shared)]
+    others = args[n_p : n_p + n_o]
+    cts = [batched(c, d) for c, d in zip(args[n_p + n_o :], dims[n_p + n_o :])]
+    fun_b = jax.vmap(
+        lambda *z: list(fun(*z)),
+        in_axes=[None if sh else 0 for sh in shared] + list(dims[n_p : n_p + n_o]),
+        out_axes=0,
+        axis_size=data.size,
+        axis_name=data.name,
+        spmd_axis_name=data.spmd_name,
+    )
+    _, pullback = jax.vjp(lambda *p: fun_b(*p, *others), *primals)
+    out = []
+    for g, h, sh, r in zip(pullback(cts), here, shared, rest):
+        if h and not sh:  # a batched input: its elements' cotangents, summed
+            g = jnp.sum(g, axis=0)
+        out.append(sum_over(g, r))
+    return out, [None if h else 0 for h in here]
+
+
+batching.fancy_primitive_batchers[summed_vjp_p] = _summed_vjp_batch
 
 
 def _sum_in_place(jaxpr, summed: Sequence[bool], name) -> tuple[Any, list[bool]]:

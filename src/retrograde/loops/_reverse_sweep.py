@@ -28,7 +28,7 @@ from .._jax_private import core
 from . import _machine as machine
 from . import _pool
 from . import _residuals as residuals
-from ._batch_levels import sum_over
+from ._batch_levels import sum_over, summed_vjp
 from ._body import Body, is_float
 from ._forward_sweep import forward
 from ._offload import Offload, Segments, tags_of
@@ -133,29 +133,43 @@ class StepRunner:
         full = self.full(cur)
         ybar_i = self.ybar_row(i)
 
-        def merge(float_vals, all_vals, flags):
-            it = iter(float_vals)
-            return [next(it) if f else v for v, f in zip(all_vals, flags)]
+        def merge(float_vals, others, flags):
+            it, other = iter(float_vals), iter(others)
+            return [next(it) if f else next(other) for f in flags]
 
-        def f(c_f, k_f, x_f):
-            k_f = [lax.stop_gradient(v) if held else v for v, held in zip(k_f, self.held_k)]
-            k_new, y = self.run(merge(c_f, consts, fc), merge(k_f, full, fk), merge(x_f, x, fx))
-            return (
-                [v for v, f in zip(k_new, fk) if f],
-                [v for v, f in zip(y, fy) if f],
+        def parts(values, flags):
+            return [v for v, f in zip(values, flags) if f], [v for v, f in zip(values, flags) if not f]
+
+        (c_f, c_o), (k_f, k_o), (x_f, x_o) = parts(consts, fc), parts(full, fk), parts(x, fx)
+        nc, nk, nx, nco, nko = len(c_f), len(k_f), len(x_f), len(c_o), len(k_o)
+
+        def f(*z):
+            """The step on its differentiated leaves, then the others (no value closed over)."""
+            z_f, z_o = z[: nc + nk + nx], z[nc + nk + nx :]
+            k_f = [
+                lax.stop_gradient(v) if held else v
+                for v, held in zip(z_f[nc : nc + nk], self.held_k)
+            ]
+            k_new, y = self.run(
+                merge(z_f[:nc], z_o[:nco], fc),
+                merge(k_f, z_o[nco : nco + nko], fk),
+                merge(z_f[nc + nk :], z_o[nco + nko :], fx),
             )
+            return [v for v, f in zip(k_new, fk) if f] + [v for v, f in zip(y, fy) if f]
 
-        c_f = [c for c, f in zip(consts, fc) if f]
-        k_f = [c for c, f in zip(full, fk) if f]
-        x_f = [v for v, f in zip(x, fx) if f]
-        _, pullback = jax.vjp(f, c_f, k_f, x_f)
-        dc, dk, dx = pullback((list(kbar), ybar_i))
+        # The VJP of the batched step where a consts cotangent is summed over the batch
+        # (``sums``): it contracts over the batch, as ``lax.scan``'s batched transpose does.
+        grads = summed_vjp(
+            f,
+            [*c_f, *k_f, *x_f],
+            [*c_o, *k_o, *x_o],
+            [*kbar, *ybar_i],
+            [*self.sums, *[()] * (nk + nx)],
+            self.body.effects,
+        )
+        dc, dk, dx = grads[:nc], grads[nc : nc + nk], grads[nc + nk :]
         xbar = put_row(xbar, dx, i) if xbar else xbar
-        return list(dk), self.accumulate(cbar, dc), xbar
-
-    def accumulate(self, cbar, dc):
-        """The consts cotangent ``cbar`` plus one step's ``dc``, summed over its ``sums``."""
-        return [a + sum_over(b, names) for a, b, names in zip(cbar, dc, self.sums)]
+        return list(dk), [a + b for a, b in zip(cbar, dc)], xbar
 
     # Steps reversed from their data (mixed checkpointing, :mod:`._residuals`).
 
@@ -194,7 +208,8 @@ class StepRunner:
         given = iter(dk)  # for the float carry leaves not held; held ones get zeros
         dk = [jnp.zeros_like(k) if held else next(given) for k, held in zip(kbar, self.held_k)]
         xbar = put_row(xbar, dx, i) if xbar else xbar
-        return dk, self.accumulate(cbar, dc), xbar
+        dc = [sum_over(g, names) for g, names in zip(dc, self.sums)]
+        return dk, [a + b for a, b in zip(cbar, dc)], xbar
 
     def data_forward(self, act, cur, slots, data):
         """A ``DATA`` leaf's evaluations (nothing for other actions): steps ``start .. stop - 2``
