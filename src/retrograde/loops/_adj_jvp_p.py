@@ -155,8 +155,7 @@ def _adj_jvp_split_under(batch_levels, params):
 
 adj_jvp_p.def_effectful_abstract_eval(
     abstract_eval(
-        lambda body, plan, has_snaps, ymask, keep, masks, sums: 2
-        * adj_out_avals(body, plan, keep),
+        lambda body, plan, has_snaps, ymask, keep, masks, sums: 2 * adj_out_avals(body, plan, keep),
         lambda **params: True,
     )
 )

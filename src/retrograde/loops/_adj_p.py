@@ -213,9 +213,7 @@ mlir.register_lowering(adj_p, lowering(_adj_impl))
 # ----------------------------------------------------------------------------- bind
 
 
-def apply_adjoint(
-    body, plan, z, snaps, kbar, ybar, steps=(), keep=None, sums=None
-) -> AdjOuts:
+def apply_adjoint(body, plan, z, snaps, kbar, ybar, steps=(), keep=None, sums=None) -> AdjOuts:
     """``J(z)^T w`` over the float leaves of ``z``; ``w = (kbar, ybar)`` are full leaf lists over
     the outputs (symbolic zeros allowed; non-float leaves ignored). Returns the cotangents of the
     float leaves of consts, carry and xs (of those selected by ``keep``, a :class:`WrtMasks`;

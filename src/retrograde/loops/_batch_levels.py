@@ -20,9 +20,10 @@ A primitive may sum some outputs over vmap axes inside its own program (its ``su
 parameter, one tuple of axis names per output it can sum: :data:`summers`): such an output is
 the ``lax.psum`` over those names of what the unbatched program computes, so it leaves the level
 unbatched. The transpose rule asks for it where it would sum a cotangent over the batch after
-the primitive: a reverse sweep then accumulates a parameter's cotangent as one value, summed
-over the batch inside each step (:func:`sum_over`), instead of one accumulator per example
-summed at the end (:func:`transpose_rule`).
+the primitive (:func:`transpose_rule`): a reverse sweep then accumulates a parameter's
+cotangent as one value, each step's VJP taken of the batched step so that it contracts over the
+batch (:func:`summed_vjp`), as ``jax.lax.scan``'s batched transpose does, instead of one
+accumulator per example summed at the end.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
-
 from jax.extend.core import Primitive
 
 from .._jax_private import ad, batching, config, core, mlir
@@ -341,9 +341,10 @@ def _sum_in_place(jaxpr, summed: Sequence[bool], name) -> tuple[Any, list[bool]]
 def transpose_rule(unbatched: Callable, output_sums: Callable | None = None):
     """The transpose rule of a primitive with ``batch_levels``: ``vmap`` of ``unbatched(cts, *args,
     **params)``, peeling the outermost level (``output_sums(params)``: the vmap axes its program
-    sums each output over, if it can, see :data:`summers`); the cotangent of an output without a batch axis is
-    shared out equally over the batch (or passed whole to each element, where the primitive's
-    program sums that output over the level), and that of a linear input without one is summed.
+    sums each output over, if it can, see :data:`summers`); the cotangent of an output without a
+    batch axis is shared out equally over the batch (or passed whole to each element, where the
+    primitive's program sums that output over the level), and that of a linear input without
+    one is summed.
 
     That sum is asked of the primitive computing the input's cotangent where it can make it
     (:data:`summers`; e.g. ``adj_p``'s consts cotangents): the unbatched rule is traced once,
@@ -387,9 +388,7 @@ def transpose_rule(unbatched: Callable, output_sums: Callable | None = None):
         sums = output_sums(params) if output_sums is not None else [()] * len(cts)
         whole = [level.name in names for names in sums]
         shared = [
-            c
-            if d is not None or w
-            else jnp.broadcast_to(c / level.size, (level.size, *c.shape))
+            c if d is not None or w else jnp.broadcast_to(c / level.size, (level.size, *c.shape))
             for c, d, m, w in zip(cts, level.out_axes, ct_nz, whole)
             if m
         ]

@@ -138,7 +138,9 @@ class StepRunner:
             return [next(it) if f else next(other) for f in flags]
 
         def parts(values, flags):
-            return [v for v, f in zip(values, flags) if f], [v for v, f in zip(values, flags) if not f]
+            return [v for v, f in zip(values, flags) if f], [
+                v for v, f in zip(values, flags) if not f
+            ]
 
         (c_f, c_o), (k_f, k_o), (x_f, x_o) = parts(consts, fc), parts(full, fk), parts(x, fx)
         nc, nk, nx, nco, nko = len(c_f), len(k_f), len(x_f), len(c_o), len(k_o)
