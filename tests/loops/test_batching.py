@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import retrograde
-from retrograde.schedules import Revolve
+from retrograde.schedules import Mixed, Revolve
 
 from ._problems import assert_close
 
@@ -321,3 +321,24 @@ def test_shared_weight_cotangent_summed_in_each_step(name):
         carries = _while_carries(compiled.as_text())
         assert carries and not [c for c in carries if per_element in c], carries
         assert_close(compiled(*args), jax.jit(ref)(*args), 1e-12)
+
+
+@pytest.mark.parametrize("schedule", [Revolve(3), Mixed(3, 1.0)])
+def test_shared_weight_summed_cotangent_every_order(schedule):
+    """The summed cotangent of a shared weight over a nested vmap, its gradient (grad of grad),
+    with steps reversed from states and from their data (mixed): ``lax.scan``'s, in float64."""
+    w = jax.random.normal(jax.random.PRNGKey(0), (_D, 2 * _D)) / _D
+    us = jax.random.normal(jax.random.PRNGKey(1), (2, 2, _D))
+    xs = jax.random.normal(jax.random.PRNGKey(2), (2, 2, N, _D))
+
+    def grad(loop):
+        def total(w):
+            return jnp.sum(jax.vmap(jax.vmap(lambda u, x: _rnn_loss(loop, w, u, x)))(us, xs))
+
+        g = jax.grad(total)
+        return jax.jit(lambda w: (g(w), jax.grad(lambda w: jnp.sum(jnp.sin(g(w))))(w)))
+
+    ours = lambda cell, u0, xs: retrograde.scan(
+        lambda u, x: (cell(u, x), None), u0, xs, schedule=schedule
+    )[0]
+    assert_close(grad(ours)(w), grad(_loops()[1])(w), 1e-12)
