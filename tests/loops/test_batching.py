@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import retrograde
-from retrograde.schedules import Revolve
+from retrograde.schedules import Mixed, Revolve
 
 from ._problems import assert_close
 
@@ -250,3 +250,95 @@ def test_while_batched_predicate_mixes():
         assert_close(ours, ref, 1e-12)
     g = jax.vmap(jax.grad(lambda s, lim: run(retrograde.while_loop, lim, s)[1]), (None, 0))
     assert_close(g(1.1, limits), limits * 1.1 ** (limits - 1.0), 1e-12)
+
+
+# A parameter's cotangent under vmap: summed over the batch inside each step (issue 33).
+
+_B, _D = 3, 5  # sizes found in no other buffer of the problem below
+
+
+def _rnn_loss(loop, w, u0, xs):
+    """A small recurrent cell with a closed-over weight ``w`` (shape ``(D, 2 D)``)."""
+
+    def cell(u, x):
+        return jnp.tanh(w @ jnp.concatenate([u, x])) * 0.9 + 0.1 * u
+
+    return jnp.sum(loop(cell, u0, xs) ** 2)
+
+
+def _loops():
+    """Each loop as ``(cell, u0, xs) -> u_N`` on its reverse path (known count, run-time count)."""
+
+    def scan(schedule):
+        return lambda cell, u0, xs: retrograde.scan(
+            lambda u, x: (cell(u, x), None), u0, xs, schedule=schedule
+        )[0]
+
+    def while_(cell, u0, xs):
+        def body(c):
+            return c[0] + 1, cell(c[1], xs[c[0]])
+
+        return retrograde.while_loop(lambda c: c[0] < xs.shape[0], body, (0, u0))[1]
+
+    def lax_scan(cell, u0, xs):
+        return jax.lax.scan(lambda u, x: (cell(u, x), None), u0, xs)[0]
+
+    return {"Revolve(3)": scan(Revolve(3)), "while_loop": while_}, lax_scan
+
+
+def _batch_grad(loop):
+    """The gradient in the shared weight of the batch's summed loss, and an HVP along ``v``."""
+    us = jax.random.normal(jax.random.PRNGKey(1), (_B, _D))
+    xs = jax.random.normal(jax.random.PRNGKey(2), (_B, N, _D))
+
+    def total(w):
+        return jnp.sum(jax.vmap(lambda u, x: _rnn_loss(loop, w, u, x))(us, xs))
+
+    grad = jax.grad(total)
+    return grad, lambda w, v: jax.jvp(grad, (w,), (v,))[1]
+
+
+def _while_carries(hlo: str) -> list[str]:
+    """The types of the values every while loop of an optimized HLO module carries."""
+    return [
+        line.split("=", 1)[1].split(" while(")[0] for line in hlo.splitlines() if " while(" in line
+    ]
+
+
+@pytest.mark.parametrize("name", ["Revolve(3)", "while_loop"])
+def test_shared_weight_cotangent_summed_in_each_step(name):
+    """grad (and an HVP) in a weight shared by a vmapped batch: no loop of the compiled program
+    carries a per-element copy of the weight's cotangent (``f64[B, D, 2D]``), as ``lax.scan``'s
+    batched transpose carries none; the derivatives equal ``lax.scan``'s."""
+    ours, lax_scan = _loops()
+    w = jax.random.normal(jax.random.PRNGKey(0), (_D, 2 * _D)) / _D
+    v = jax.random.normal(jax.random.PRNGKey(3), w.shape)
+    grad, hvp = _batch_grad(ours[name])
+    ref_grad, ref_hvp = _batch_grad(lax_scan)
+    per_element = f"f64[{_B},{_D},{2 * _D}]"
+    for fun, ref, args in ((grad, ref_grad, (w,)), (hvp, ref_hvp, (w, v))):
+        compiled = jax.jit(fun).lower(*args).compile()
+        carries = _while_carries(compiled.as_text())
+        assert carries and not [c for c in carries if per_element in c], carries
+        assert_close(compiled(*args), jax.jit(ref)(*args), 1e-12)
+
+
+@pytest.mark.parametrize("schedule", [Revolve(3), Mixed(3, 1.0)])
+def test_shared_weight_summed_cotangent_every_order(schedule):
+    """The summed cotangent of a shared weight over a nested vmap, its gradient (grad of grad),
+    with steps reversed from states and from their data (mixed): ``lax.scan``'s, in float64."""
+    w = jax.random.normal(jax.random.PRNGKey(0), (_D, 2 * _D)) / _D
+    us = jax.random.normal(jax.random.PRNGKey(1), (2, 2, _D))
+    xs = jax.random.normal(jax.random.PRNGKey(2), (2, 2, N, _D))
+
+    def grad(loop):
+        def total(w):
+            return jnp.sum(jax.vmap(jax.vmap(lambda u, x: _rnn_loss(loop, w, u, x)))(us, xs))
+
+        g = jax.grad(total)
+        return jax.jit(lambda w: (g(w), jax.grad(lambda w: jnp.sum(jnp.sin(g(w))))(w)))
+
+    ours = lambda cell, u0, xs: retrograde.scan(
+        lambda u, x: (cell(u, x), None), u0, xs, schedule=schedule
+    )[0]
+    assert_close(grad(ours)(w), grad(_loops()[1])(w), 1e-12)

@@ -16,7 +16,7 @@ from jax.extend.core import Primitive
 
 from .._jax_private import ad, batching, core, dispatch, mlir, pe
 from . import _batch_levels
-from ._adj_p import AdjArgs, adj_dce, adj_out_avals, adj_p, adjoint_tangent
+from ._adj_p import AdjArgs, adj_dce, adj_out_avals, adj_p, adjoint_tangent, output_sums
 from ._body import Body, cut, is_float
 from ._primitives import (
     LoopPlan,
@@ -120,18 +120,27 @@ def _cotangent_lists(body, plan, carry_bar, ys_bar, ymask):
     )
 
 
-def _adj_jvp_split(args, body, plan, has_snaps, ymask, keep, masks):
+def _adj_jvp_split(args, body, plan, has_snaps, ymask, keep, masks, sums):
     """``adj_jvp_p`` as the two ``adj_p`` it fuses: the primal adjoint (which then reads only
     primals) and the ``z``-half of the augmented one. Both lay their own snapshots: the
     forward's would live beside theirs when XLA runs them late, and the augmented one's are
     not transposable inputs."""
     a, t = AdjJvpArgs.of(args, body, plan, has_snaps, ymask, masks).unpack(body, plan, ymask, masks)
     out = adj_p.bind(
-        *flat(a), body=body, plan=plan, has_snaps=False, ymask=ymask, keep=keep, batch_levels=()
+        *flat(a),
+        body=body,
+        plan=plan,
+        has_snaps=False,
+        ymask=ymask,
+        keep=keep,
+        sums=sums,
+        batch_levels=(),
     )
     w = _cotangent_lists(body, plan, a.carry_bar, a.ys_bar, ymask)
     dw = _cotangent_lists(body, plan, t.carry_bar, t.ys_bar, ymask)
-    tangent = adjoint_tangent(body, plan, a.z, (t.consts, t.carry, t.xs), w, dw, a.steps, keep)
+    tangent = adjoint_tangent(
+        body, plan, a.z, (t.consts, t.carry, t.xs), w, dw, a.steps, keep, sums=sums
+    )
     return [*out, *flat(tangent)]
 
 
@@ -146,7 +155,7 @@ def _adj_jvp_split_under(batch_levels, params):
 
 adj_jvp_p.def_effectful_abstract_eval(
     abstract_eval(
-        lambda body, plan, has_snaps, ymask, keep, masks: 2 * adj_out_avals(body, plan, keep),
+        lambda body, plan, has_snaps, ymask, keep, masks, sums: 2 * adj_out_avals(body, plan, keep),
         lambda **params: True,
     )
 )
@@ -155,14 +164,14 @@ adj_jvp_p.def_effectful_abstract_eval(
 # ----------------------------------------------------------------------------- lowering
 
 
-def _adj_jvp_impl(args, body, plan, has_snaps, ymask, keep, masks):
+def _adj_jvp_impl(args, body, plan, has_snaps, ymask, keep, masks, sums):
     """``adj_jvp_p`` in one augmented sweep: zero tangents are given to the float carry leaves
     and the kept consts and xs leaves that have none, so that its tangent half is ``J^T w``
     whole. A carry leaf held constant (``keep.carry``) is held in the primal adjoint only, so
     then the two sweeps run apart. With ``has_snaps`` the sweep reads the forward's snapshots
     and their tangents instead of laying its own."""
     if not all(keep.carry):
-        return _adj_jvp_split(args, body, plan, has_snaps, ymask, keep, masks)
+        return _adj_jvp_split(args, body, plan, has_snaps, ymask, keep, masks, sums)
     g = AdjJvpArgs.of(args, body, plan, has_snaps, ymask, masks)
     a, t = g.unpack(body, plan, ymask, masks)
     snaps = []
@@ -185,7 +194,7 @@ def _adj_jvp_impl(args, body, plan, has_snaps, ymask, keep, masks):
     w = _cotangent_lists(body, plan, a.carry_bar, a.ys_bar, ymask)
     dw = _cotangent_lists(body, plan, t.carry_bar, t.ys_bar, ymask)
     primal, tangent = adjoint_tangent(
-        body, plan, a.z, dz, w, dw, a.steps, keep, primal=True, snaps=snaps
+        body, plan, a.z, dz, w, dw, a.steps, keep, primal=True, snaps=snaps, sums=sums
     )
     return [*flat(primal), *flat(tangent)]
 
@@ -250,9 +259,15 @@ pe.dce_rules[adj_jvp_p] = lambda used, eqn: adj_dce(used, eqn, halves=2)
 # ----------------------------------------------------------------------------- batching
 
 
-def _adj_jvp_out_axes(data, dims, *, body, plan, has_snaps, ymask, keep, masks):
+def _adj_jvp_out_axes(data, dims, *, body, plan, has_snaps, ymask, keep, masks, sums):
+    """As ``adj_p``'s, for both halves."""
     check_unbatched_steps(AdjJvpArgs.of(dims, body, plan, has_snaps, ymask, masks).primal.steps)
-    return [0] * (2 * len(adj_out_avals(body, plan, keep)))
+    return 2 * _summed_axes(data.name, dict(body=body, plan=plan, keep=keep, sums=sums))
+
+
+def _summed_axes(name, params) -> list:
+    """Batch axis 0 for each output of ``adj_p``, none for those summed over ``name``."""
+    return [None if name in names else 0 for names in output_sums(params)]
 
 
 _batch_levels.batcher(adj_jvp_p, _adj_jvp_out_axes)
@@ -267,9 +282,9 @@ def _adj_jvp_batch(data, args, dims, *, batch_levels, **params):
     )
     if any(v is not None for v in flat(d.primal)) or all(v is None for v in dims):
         return _adj_jvp_batched(data, args, dims, batch_levels=batch_levels, **params)
-    n = len(adj_out_avals(params["body"], params["plan"], params["keep"]))
-    axes = [None] * n + [0] * n
     name = None if data.name is core.no_axis_name else data.name
+    n = len(adj_out_avals(params["body"], params["plan"], params["keep"]))
+    axes = [None] * n + _summed_axes(name, params)
     outs = jax.vmap(
         _adj_jvp_split_under(batch_levels, params),
         in_axes=list(dims),

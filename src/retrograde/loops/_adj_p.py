@@ -3,6 +3,12 @@
 Its transpose in ``w`` is ``tan_p`` (:mod:`._tan_p`); its JVP is ``adj_jvp_p``
 (:mod:`._adj_jvp_p`), whose transpose is again an ``adj_p`` and a ``tan_p`` (the Hessian part
 here, :func:`_adj_transpose_hessian`). See :mod:`._primitives` for the notation.
+
+Its ``sums`` parameter (one tuple of vmap axis names per float consts leaf, :func:`no_sums`) makes
+its program sum a consts cotangent over those axes, step by step inside the sweep: under
+``vmap``, where a transpose would sum a parameter's cotangents over the batch after the sweep
+(:func:`._batch_levels.transpose_rule`), the sweep carries one cotangent instead of one per
+element, and each step's contribution is summed as it is added.
 """
 
 from __future__ import annotations
@@ -104,6 +110,29 @@ class WrtMasks(NamedTuple):
         )
 
 
+def no_sums(body: Body) -> tuple:
+    """``sums`` that sum nothing: one empty tuple per float consts leaf."""
+    return ((),) * n_float(body.const_avals)
+
+
+def jvp_sums(body: Body, sums, mc) -> tuple:
+    """The ``sums`` of ``jvp(body)`` (:func:`._body.jvp_body` with consts tangents ``mc``): a
+    tangent const is summed as its primal is."""
+    full = iter(sums)
+    per_leaf = [next(full) if is_float(a) else () for a in body.const_avals]
+    return tuple(sums) + tuple(
+        names for names, m, a in zip(per_leaf, mc, body.const_avals) if m and is_float(a)
+    )
+
+
+def output_sums(params) -> list:
+    """The vmap axes each output of ``adj_p`` (or each half of ``adj_jvp_p``'s) is summed over:
+    its consts cotangents' ``sums``; carry and xs cotangents none."""
+    body, plan, keep = params["body"], params["plan"], params["keep"]
+    rest = len(adj_out_avals(body, plan, keep)) - sum(keep.consts)
+    return [*pick(keep.consts, params["sums"]), *[()] * rest]
+
+
 class AdjOuts(NamedTuple):
     """Outputs of ``adj_p``: cotangents of the float consts and xs leaves selected by ``keep``,
     and of every float carry leaf (zero where ``keep.carry`` is False)."""
@@ -131,7 +160,7 @@ def adj_out_avals(body, plan, keep):
 
 adj_p.def_effectful_abstract_eval(
     abstract_eval(
-        lambda body, plan, has_snaps, ymask, keep: adj_out_avals(body, plan, keep),
+        lambda body, plan, has_snaps, ymask, keep, sums: adj_out_avals(body, plan, keep),
         lambda **params: True,
     )
 )
@@ -140,8 +169,9 @@ adj_p.def_effectful_abstract_eval(
 # ----------------------------------------------------------------------------- lowering
 
 
-def _adj_impl(args, body, plan, has_snaps, ymask, keep, axes):
+def _adj_impl(args, body, plan, has_snaps, ymask, keep, sums, axes):
     a = AdjArgs.of(args, body, plan, has_snaps, ymask)
+    sums = pick(keep.consts, sums)
     if plan.dynamic:
         snaps = (a.snaps[:-1], a.snaps[-1]) if has_snaps else None
         cbar, kbar = adjoint_while(
@@ -157,6 +187,7 @@ def _adj_impl(args, body, plan, has_snaps, ymask, keep, axes):
             axes,
             plan.offload,
             machine_rule(plan.schedule),
+            sums,
         )
         return [*cbar, *kbar]
     cbar, kbar, xbar = adjoint(
@@ -171,6 +202,7 @@ def _adj_impl(args, body, plan, has_snaps, ymask, keep, axes):
         ymask,
         keep,
         axes,
+        sums,
     )
     return [*cbar, *kbar, *xbar]
 
@@ -181,11 +213,11 @@ mlir.register_lowering(adj_p, lowering(_adj_impl))
 # ----------------------------------------------------------------------------- bind
 
 
-def apply_adjoint(body, plan, z, snaps, kbar, ybar, steps=(), keep=None) -> AdjOuts:
+def apply_adjoint(body, plan, z, snaps, kbar, ybar, steps=(), keep=None, sums=None) -> AdjOuts:
     """``J(z)^T w`` over the float leaves of ``z``; ``w = (kbar, ybar)`` are full leaf lists over
     the outputs (symbolic zeros allowed; non-float leaves ignored). Returns the cotangents of the
     float leaves of consts, carry and xs (of those selected by ``keep``, a :class:`WrtMasks`;
-    ``None``: all)."""
+    ``None``: all), the consts' summed over the vmap axes ``sums`` names (``None``: none)."""
     c, k, x = z
     kbar_f = [instantiate(t) for t in floats_of(kbar, body.carry_avals)]
     ybar_f = floats_of(ybar, body.y_avals)
@@ -199,12 +231,15 @@ def apply_adjoint(body, plan, z, snaps, kbar, ybar, steps=(), keep=None) -> AdjO
         has_snaps=bool(snaps),
         ymask=ymask,
         keep=keep,
+        sums=no_sums(body) if sums is None else tuple(sums),
         batch_levels=(),
     )
     return AdjOuts.of(outs, body, keep)
 
 
-def adjoint_tangent(body, plan, z, dz, w, dw, steps=(), keep=None, primal=False, snaps=()):
+def adjoint_tangent(
+    body, plan, z, dz, w, dw, steps=(), keep=None, primal=False, snaps=(), sums=None
+):
     """Tangent of ``z, w -> J(z)^T w`` along ``(dz, dw)``: ``J^T dw + Hess<w, F> dz``.
 
     ``w = (kbar, ybar)`` and ``dw`` are full leaf lists over the outputs (symbolic zeros
@@ -216,6 +251,7 @@ def adjoint_tangent(body, plan, z, dz, w, dw, steps=(), keep=None, primal=False,
     half of the same sweep, so it costs no sweep of its own. That needs a tangent on every float
     carry leaf and on every kept consts and xs leaf, and every carry leaf kept. ``snaps``: the
     augmented body's snapshots, if the forward laid them (else the sweep lays its own).
+    ``sums``: as :func:`apply_adjoint`'s, over ``body``'s float consts.
     """
     c, k, x = z
     dc, dk, dx = dz
@@ -242,8 +278,17 @@ def adjoint_tangent(body, plan, z, dz, w, dw, steps=(), keep=None, primal=False,
         keep.xs + (tx or (False,) * sum(mx)),
         keep.carry + (True,) * sum(mk),
     )
+    sums = no_sums(body) if sums is None else sums
     out = apply_adjoint(
-        child, plan, (zc, zk, zx), list(snaps), kbar_child, ybar_child, steps, child_keep
+        child,
+        plan,
+        (zc, zk, zx),
+        list(snaps),
+        kbar_child,
+        ybar_child,
+        steps,
+        child_keep,
+        jvp_sums(body, sums, mc),
     )
     nc, nf, nx = sum(keep.consts), n_float(body.carry_avals), sum(keep.xs)
     tangent = AdjOuts(out.consts[:nc], out.carry[:nf], out.xs[:nx])
@@ -256,7 +301,7 @@ def adjoint_tangent(body, plan, z, dz, w, dw, steps=(), keep=None, primal=False,
 # ----------------------------------------------------------------------------- JVP
 
 
-def _adj_jvp(primals, tangents, *, body, plan, has_snaps, ymask, keep, batch_levels):
+def _adj_jvp(primals, tangents, *, body, plan, has_snaps, ymask, keep, sums, batch_levels):
     a = AdjArgs.of(primals, body, plan, has_snaps, ymask)
     t = AdjArgs.of(tangents, body, plan, has_snaps, ymask)
     if not any(nonzero(v) for v in [*t.consts, *t.carry, *t.xs, *t.carry_bar, *t.ys_bar]):
@@ -267,6 +312,7 @@ def _adj_jvp(primals, tangents, *, body, plan, has_snaps, ymask, keep, batch_lev
             has_snaps=has_snaps,
             ymask=ymask,
             keep=keep,
+            sums=sums,
             batch_levels=(),
         )
         return out, [zero(core.typeof(o)) for o in out]
@@ -281,6 +327,7 @@ def _adj_jvp(primals, tangents, *, body, plan, has_snaps, ymask, keep, batch_lev
         ymask=ymask,
         keep=keep,
         masks=masks,
+        sums=sums,
         batch_levels=(),
     )
     return cut(outs, [len(outs) // 2, len(outs) // 2])
@@ -292,7 +339,10 @@ ad.primitive_jvps[adj_p] = _batch_levels.jvp_rule(_adj_jvp)
 # ----------------------------------------------------------------------------- transpose
 
 
-def _adj_transpose(cts, *args, body, plan, has_snaps, ymask, keep, batch_levels):
+def _adj_transpose(cts, *args, body, plan, has_snaps, ymask, keep, sums, batch_levels):
+    # A consts cotangent summed over vmap axes (``sums``) is, per element, the element's own
+    # plus the others': each element's transpose gets the cotangent whole (the batching rule
+    # passes it so), as the transpose of ``lax.psum`` over a vmap axis does.
     a = AdjArgs.of(args, body, plan, has_snaps, ymask)
     ct = AdjOuts.of(cts, body, keep)
     x_avals = xs_avals(body, plan.length) if not plan.dynamic else []
@@ -394,7 +444,7 @@ def _adj_transpose_hessian(a: AdjArgs, body, plan, ymask, ct):
     return out
 
 
-ad.primitive_transposes[adj_p] = _batch_levels.transpose_rule(_adj_transpose)
+ad.primitive_transposes[adj_p] = _batch_levels.transpose_rule(_adj_transpose, output_sums)
 
 
 # ----------------------------------------------------------------------------- dead code
@@ -437,9 +487,26 @@ pe.dce_rules[adj_p] = adj_dce
 # ----------------------------------------------------------------------------- batching
 
 
-def _adj_out_axes(data, dims, *, body, plan, has_snaps, ymask, keep):
+def _adj_out_axes(data, dims, *, body, plan, has_snaps, ymask, keep, sums):
+    """Every output batched, but the consts cotangents summed over this vmap's axis."""
     check_unbatched_steps(AdjArgs.of(dims, body, plan, has_snaps, ymask).steps)
-    return [0] * len(adj_out_avals(body, plan, keep))
+    params = dict(body=body, plan=plan, keep=keep, sums=sums)
+    return [None if data.name in names else 0 for names in output_sums(params)]
 
 
 _batch_levels.batcher(adj_p, _adj_out_axes)
+
+
+def sum_output(eqn, k, name):
+    """``eqn`` (an ``adj_p``) with its output ``k`` summed over the vmap axis ``name`` in its
+    program, if ``k`` is a consts cotangent (else ``None``): the rule of
+    :data:`._batch_levels.summers`."""
+    keep, sums = eqn.params["keep"], list(eqn.params["sums"])
+    if k >= sum(keep.consts):
+        return None
+    j = [i for i, m in enumerate(keep.consts) if m][k]  # the float consts leaf
+    sums[j] = (*sums[j], name)
+    return eqn.replace(params=dict(eqn.params, sums=tuple(sums)))
+
+
+_batch_levels.summers[adj_p] = sum_output

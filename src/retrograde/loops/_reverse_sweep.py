@@ -24,9 +24,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._jax_private import core
 from . import _machine as machine
 from . import _pool
 from . import _residuals as residuals
+from ._batch_levels import sum_over, summed_vjp
 from ._body import Body, is_float
 from ._forward_sweep import forward
 from ._offload import Offload, Segments, tags_of
@@ -78,17 +80,23 @@ class StepRunner:
     ``cur`` holds the carry leaves that snapshots hold; write-only buffer leaves (``body.stored``
     False) are fed to the step as fixed zeros, since nothing the step computes depends on them, so
     recomputation never carries (or writes) them. ``off``: the sweep's offloaded slots, if any.
+
+    ``sums``: for each differentiated const (each entry of the consts cotangent), the vmap axes
+    its cotangent is summed over (``adj_p``'s ``sums``, :mod:`._batch_levels`): each step's
+    contribution is summed over them as it is added, so the sweep carries one cotangent, not one
+    per element of the batch.
     """
 
     off: Offload | None = None
     invariants: list | None = None  # the loop-invariant residuals, once data rows are made
     pool: _pool.Pool | None = None  # the data residuals kept in the snapshot buffer, if any
 
-    def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep, batched):
+    def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep, batched, sums=None):
         self.body, self.consts, self.xs = body, consts, xs
         self.batched = batched
         self.run = body.runner(batched)
         self.fc, self.fx = _differentiated(body, keep)
+        self.sums = list(sums) if sums is not None else [()] * sum(self.fc)
         self.fk = [is_float(a) for a in body.carry_avals]
         # Float carry leaves held constant (their cotangents come out zero).
         self.held_k = [False] * sum(self.fk) if keep is None else [not k for k in keep.carry]
@@ -125,23 +133,43 @@ class StepRunner:
         full = self.full(cur)
         ybar_i = self.ybar_row(i)
 
-        def merge(float_vals, all_vals, flags):
-            it = iter(float_vals)
-            return [next(it) if f else v for v, f in zip(all_vals, flags)]
+        def merge(float_vals, others, flags):
+            it, other = iter(float_vals), iter(others)
+            return [next(it) if f else next(other) for f in flags]
 
-        def f(c_f, k_f, x_f):
-            k_f = [lax.stop_gradient(v) if held else v for v, held in zip(k_f, self.held_k)]
-            k_new, y = self.run(merge(c_f, consts, fc), merge(k_f, full, fk), merge(x_f, x, fx))
-            return (
-                [v for v, f in zip(k_new, fk) if f],
-                [v for v, f in zip(y, fy) if f],
+        def parts(values, flags):
+            return [v for v, f in zip(values, flags) if f], [
+                v for v, f in zip(values, flags) if not f
+            ]
+
+        (c_f, c_o), (k_f, k_o), (x_f, x_o) = parts(consts, fc), parts(full, fk), parts(x, fx)
+        nc, nk, nx, nco, nko = len(c_f), len(k_f), len(x_f), len(c_o), len(k_o)
+
+        def f(*z):
+            """The step on its differentiated leaves, then the others (no value closed over)."""
+            z_f, z_o = z[: nc + nk + nx], z[nc + nk + nx :]
+            k_f = [
+                lax.stop_gradient(v) if held else v
+                for v, held in zip(z_f[nc : nc + nk], self.held_k)
+            ]
+            k_new, y = self.run(
+                merge(z_f[:nc], z_o[:nco], fc),
+                merge(k_f, z_o[nco : nco + nko], fk),
+                merge(z_f[nc + nk :], z_o[nco + nko :], fx),
             )
+            return [v for v, f in zip(k_new, fk) if f] + [v for v, f in zip(y, fy) if f]
 
-        c_f = [c for c, f in zip(consts, fc) if f]
-        k_f = [c for c, f in zip(full, fk) if f]
-        x_f = [v for v, f in zip(x, fx) if f]
-        _, pullback = jax.vjp(f, c_f, k_f, x_f)
-        dc, dk, dx = pullback((list(kbar), ybar_i))
+        # The VJP of the batched step where a consts cotangent is summed over the batch
+        # (``sums``): it contracts over the batch, as ``lax.scan``'s batched transpose does.
+        grads = summed_vjp(
+            f,
+            [*c_f, *k_f, *x_f],
+            [*c_o, *k_o, *x_o],
+            [*kbar, *ybar_i],
+            [*self.sums, *[()] * (nk + nx)],
+            self.body.effects,
+        )
+        dc, dk, dx = grads[:nc], grads[nc : nc + nk], grads[nc + nk :]
         xbar = put_row(xbar, dx, i) if xbar else xbar
         return list(dk), [a + b for a, b in zip(cbar, dc)], xbar
 
@@ -182,6 +210,7 @@ class StepRunner:
         given = iter(dk)  # for the float carry leaves not held; held ones get zeros
         dk = [jnp.zeros_like(k) if held else next(given) for k, held in zip(kbar, self.held_k)]
         xbar = put_row(xbar, dx, i) if xbar else xbar
+        dc = [sum_over(g, names) for g, names in zip(dc, self.sums)]
         return dk, [a + b for a, b in zip(cbar, dc)], xbar
 
     def data_forward(self, act, cur, slots, data):
@@ -329,9 +358,16 @@ def reverse(steps: StepRunner, source: MacroActionSource, cur, slots, kbar, cbar
     return state[5], state[6], state[7]
 
 
-def _cotangent_init(body, consts, xs, keep=None):
+def _cotangent_init(body, consts, xs, keep=None, sums=None):
+    """Zero cotangents of the differentiated consts and xs; one summed over vmap axes
+    (``sums``, as :class:`StepRunner`'s) is one value for the whole batch."""
     fc, fx = _differentiated(body, keep)
-    consts_bar = [jnp.zeros_like(c) for c, f in zip(consts, fc) if f]
+    sums = iter(sums if sums is not None else [()] * sum(fc))
+    consts_bar = [
+        (zeros([core.typeof(c)])[0] if next(sums) else jnp.zeros_like(c))
+        for c, f in zip(consts, fc)
+        if f
+    ]
     xs_bar = [jnp.zeros_like(x) for x, f in zip(xs, fx) if f]
     return consts_bar, xs_bar
 
@@ -348,6 +384,7 @@ def adjoint(
     ymask,
     keep=None,
     axes=(),
+    sums=None,
 ):
     """Execute the schedule's reverse sweep from the forward sweep's snapshots ``snaps`` (as
     :func:`._forward_sweep.forward` returns them), or, with ``snaps is None``, its forward sweep
@@ -357,12 +394,13 @@ def adjoint(
     whose ``ymask`` entry is True (the others are zero and never materialised). ``keep`` (a
     ``WrtMasks``) selects the float leaves whose cotangents are wanted (``None``: all); the others
     are held constant, so their cotangents cost neither time nor memory. ``axes``:
-    the names of the ``vmap`` axes this runs under (see :func:`confined`).
+    the names of the ``vmap`` axes this runs under (see :func:`confined`); ``sums``: the vmap
+    axes each consts cotangent is summed over (see :class:`StepRunner`).
     """
-    consts_bar, xs_bar = _cotangent_init(body, consts, xs, keep)
+    consts_bar, xs_bar = _cotangent_init(body, consts, xs, keep, sums)
     if tables.length == 0:
         return consts_bar, list(carry_bar), xs_bar
-    steps = StepRunner(body, consts, xs, ys_bar, ymask, keep, bool(axes))
+    steps = StepRunner(body, consts, xs, ys_bar, ymask, keep, bool(axes), sums)
     ns = sum(body.stored)
 
     def sweep(snaps, off=None):
@@ -421,6 +459,7 @@ def adjoint_while(
     axes=(),
     layout=None,
     rule: machine.Rule = machine.REVOLVE,
+    sums=None,
 ):
     """Reverse ``n_steps`` steps of a body without per-step inputs or outputs.
 
@@ -433,8 +472,8 @@ def adjoint_while(
     (``ck = ([handle, *tags], held)``): each segment's start is restored from it into one of the
     ``n_slots`` device slots, which reverse the segment (:class:`._offload.Segments`).
     """
-    consts_bar, _ = _cotangent_init(body, consts, [], keep)
-    steps = StepRunner(body, consts, [], [], (), keep, bool(axes))
+    consts_bar, _ = _cotangent_init(body, consts, [], keep, sums)
+    steps = StepRunner(body, consts, [], [], (), keep, bool(axes), sums)
 
     def sweep_offloaded(handle, held, tags):
         steps.off = Offload(layout, handle, tags)
