@@ -28,16 +28,18 @@ def nested_shape(n: int) -> tuple[int, int]:
     return n // inner, inner
 
 
-def nested_remat(step, init, n: int):
-    """The final carry of ``n`` steps of ``step(carry, None) -> (carry, _)`` as a nested scan:
-    ``outer`` checkpointed chunks of ``inner`` steps (:func:`nested_shape`)."""
+def nested_remat(step, init, n: int, xs=None):
+    """The final carry of ``n`` steps of ``step(carry, x) -> (carry, _)`` as a nested scan:
+    ``outer`` checkpointed chunks of ``inner`` steps (:func:`nested_shape`); ``xs`` (leaves of
+    leading axis ``n``, or ``None``) is split into the chunks' rows."""
     outer, inner = nested_shape(n)
+    rows = jax.tree.map(lambda x: x.reshape(outer, inner, *x.shape[1:]), xs)
 
     @jax.checkpoint
-    def chunk(u, _):
-        return jax.lax.scan(step, u, length=inner)[0], None
+    def chunk(u, x):
+        return jax.lax.scan(step, u, x, length=inner)[0], None
 
-    return jax.lax.scan(chunk, init, length=outer)[0]
+    return jax.lax.scan(chunk, init, rows, length=outer)[0]
 
 
 def prepare(fn, *args):
@@ -57,18 +59,20 @@ def temp_bytes(fn, args) -> int:
     return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
-def largest_fitting(make, args, budget: int, carry_bytes: int) -> int:
-    """The largest ``s`` whose compiled ``make(s)`` has temp memory <= ``budget`` bytes: a guess
-    from the memory at ``s = 16`` (one carry of ``carry_bytes`` per slot), then one slot at a
-    time."""
+def largest_fitting(make, args, budget: int, carry_bytes: int, most: int | None = None) -> int:
+    """The largest ``s`` (at most ``most``) whose compiled ``make(s)`` has temp memory <=
+    ``budget`` bytes: a guess from the memory at ``s = 16`` (one carry of ``carry_bytes`` per
+    slot), then one slot at a time."""
 
     def temp(s):
         return temp_bytes(make(s), args)
 
     base = temp(16) - 16 * carry_bytes
     s = max(1, int((budget - base) // carry_bytes))
+    if most is not None:
+        s = min(s, most)
     if temp(s) <= budget:
-        while temp(s + 1) <= budget:
+        while (most is None or s < most) and temp(s + 1) <= budget:
             s += 1
         return s
     while s > 1 and temp(s - 1) > budget:
