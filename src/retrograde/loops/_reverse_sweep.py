@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from . import _machine as machine
@@ -34,7 +35,7 @@ from ._placement import online_phases, place_thinned
 from ._slots import any_over, load, put_row, row, store, zeros, zeros_after
 from ._sources import BinomialSource, MacroActionSource, source_for
 from ._tables import Tables
-from ._xla_cpu import once, once_returning
+from ._xla_cpu import once
 
 i32 = jnp.int32
 
@@ -275,38 +276,33 @@ class StepRunner:
 def reverse(steps: StepRunner, source: MacroActionSource, cur, slots, kbar, cbar, xbar, data=()):
     """Execute the macro-actions of ``source`` from the state ``cur`` and snapshot rows
     ``slots`` (and, for ``DATA`` leaves, the data rows ``data``, :meth:`StepRunner.data_rows`).
-    One iteration per leaf: the moves before it (the cotangents are not operands),
-    then the leaf, whose records run unconditionally (a conditional's untaken branch would copy
-    the cotangents). The pending action travels packed in one int32[7] (its fields as loop
-    state would be seven scalars, each copied per iteration)."""
 
-    def next_action(m):
-        m, act = source.step(m)
-        return m, machine.vector(act)
+    One iteration per leaf: the moves before it, in a loop of their own (the cotangents are not
+    its operands), then the leaf, whose records run unconditionally in a loop that runs once
+    (:func:`._xla_cpu.once`; a conditional's untaken branch would copy the cotangents). The
+    source's :meth:`~._sources.MacroActionSource.step` has one call site, in the moves loop:
+    each of its trips executes the pending action if it is a move, then asks the next. A leaf
+    leaves ``NOP`` pending (nothing to execute, ask the next), so the moves loop that follows
+    asks for what comes after it, and the leaf's loop runs only if that is not ``DONE``. So
+    the program holds one copy of the source's step (for the binomial machine, its largest
+    part) and one of each of the step's roles in a leaf. The pending action travels packed in
+    one int32[7] (its fields as loop state would be seven scalars, each copied per
+    iteration)."""
 
     def moving(c):
-        return c[1][0] == machine.MOVE
+        return (c[1][0] == machine.MOVE) | (c[1][0] == NOP)
 
     def move(c):
         m, act, cur, slots = c
         cur, slots = once(
             act[0] == machine.MOVE, lambda cs: steps.move(machine.Action(*act), *cs), (cur, slots)
         )
-        return (*next_action(m), cur, slots)
+        m, nxt = source.step(m)
+        return m, machine.vector(nxt), cur, slots
 
-    def control(m):
-        """The leaf's slots and the next action."""
-        idx = source.leaf_slots(m)
-        m, nxt = next_action(m)
-        return m, idx, nxt
-
-    def one_leaf(c):
+    def leaf(c):
         m, act, cur, slots, data, kbar, cbar, xbar = c
-        m, act, cur, slots = lax.while_loop(moving, move, (m, act, cur, slots))
-        if source.control_apart:
-            m, idx, nxt = once_returning(act[0] != machine.DONE, control, m)
-        else:
-            m, idx, nxt = control(m)
+        idx = source.leaf_slots(m)  # m: the source right after it emitted this leaf
         act = machine.Action(*act)
         cur, slots = steps.leaf_forward(act, idx, cur, slots)
         if source.with_data:
@@ -318,15 +314,28 @@ def reverse(steps: StepRunner, source: MacroActionSource, cur, slots, kbar, cbar
         )
         if source.with_data:
             kbar, cbar, xbar = steps.data_records(act, slots, data, kbar, cbar, xbar)
-        return (m, nxt, cur, slots, data, kbar, cbar, xbar)
+        return cur, slots, data, kbar, cbar, xbar
 
-    if source.first is None:
-        m, act = next_action(source.state)
-    else:  # emitted with the source's initial state
-        m, act = source.state, source.first
-    state = (m, act, list(cur), list(slots), list(data), list(kbar), cbar, xbar)
+    def one_leaf(c):
+        m, act, cur, slots, data, kbar, cbar, xbar = c
+        m, act, cur, slots = lax.while_loop(moving, move, (m, act, cur, slots))
+        cur, slots, data, kbar, cbar, xbar = once(
+            act[0] != machine.DONE,
+            lambda st: leaf((m, act, *st)),
+            (cur, slots, data, kbar, cbar, xbar),
+        )
+        act = jnp.where(act[0] == machine.DONE, act, _NOP)
+        return (m, act, cur, slots, data, kbar, cbar, xbar)
+
+    act = _NOP if source.first is None else source.first
+    state = (source.state, act, list(cur), list(slots), list(data), list(kbar), cbar, xbar)
     state = lax.while_loop(lambda c: c[1][0] != machine.DONE, one_leaf, state)
     return state[5], state[6], state[7]
+
+
+# The executor's own pending action: nothing to execute, ask the source for the next one.
+NOP = -1
+_NOP = np.asarray([NOP, -1, 0, 0, 0, -1, 0], np.int32)
 
 
 def _cotangent_init(body, consts, xs, keep=None):
