@@ -46,8 +46,9 @@ def forward(
     (``body.stored``).
 
     With ``m`` stores, ``m <= N / DENSE`` and ``unroll == 1``, the steps between two stores run
-    as a plain inner loop (one outer iteration per store), so a step costs what it costs
-    without snapshots. Otherwise each step tests whether its state is stored (a conditional):
+    as a plain inner loop (one outer iteration per store, and two more: up to ``u_{N-1}``,
+    kept, then the last step; so the program holds the step once), and a step costs what it
+    costs without snapshots. Otherwise each step tests whether its state is stored (a conditional):
     with more stores, by reading its slot off a table of ``N - 1`` (the stores are ``O(N)``
     already), which keeps the loop body within the thunk budget (docs/performance.md, "The XLA
     CPU executor rule"); with every state stored (``StoreAll``), with no test."""
@@ -88,18 +89,24 @@ def forward(
     state = (list(carry), ys_buf)
     nested = unroll == 1 and m * DENSE <= n
     if nested:
-        steps, where = jnp.asarray(at_steps), jnp.asarray(at_slots)
+        # One loop of m + 2 segments, the step in it once: segment q < m ends at the q-th store
+        # point and stores there, segment m ends at N - 1 and keeps u_{N-1}, segment m + 1 takes
+        # the last step.
+        ends = jnp.asarray(np.concatenate([at_steps, [n - 1, n]]).astype(np.int32))
+        where = jnp.asarray(np.concatenate([at_slots, [-1, -1]]).astype(np.int32))
 
-        def segment(q, st):  # advance to the q-th store point and store there
-            state, slots = st
-            p = steps[q]
-            state = lax.fori_loop(jnp.where(q > 0, steps[jnp.maximum(q - 1, 0)], 0), p, one, state)
-            return state, keep(where[q], p, state[0], slots)
+        def segment(q, st):
+            state, slots, last = st
+            p = ends[q]
+            state = lax.fori_loop(jnp.where(q > 0, ends[jnp.maximum(q - 1, 0)], 0), p, one, state)
+            snap = snapshot(state[0])
+            last = [jnp.where(q == m, s, v) for s, v in zip(snap, last)]
+            return state, keep(where[q], p, state[0], slots, q < m), last
 
-        if m:
-            state, slots = lax.fori_loop(0, m, segment, (state, list(slots)))
-        start = int(at_steps[-1]) if m else 0
-        state = lax.fori_loop(start, n - 1, one, state)
+        last = snapshot(zeros(body.carry_avals))
+        state, slots, last = lax.fori_loop(0, m + 2, segment, (state, list(slots), last))
+        carry, ys_buf = state
+        return carry, ys_buf, [*slots, *last]
     elif m * DENSE <= n:  # few stores, unrolled steps: a pointer to the next store point
         steps = jnp.asarray(np.append(at_steps, n).astype(np.int32))
         where = jnp.asarray(np.append(at_slots, 0).astype(np.int32))
@@ -127,7 +134,7 @@ def forward(
             return one(i, state), keep(k, i, state[0], slots, None if every else k >= 0)
 
         state, slots = lax.fori_loop(0, n - 1, advance, (state, list(slots)), unroll=unroll)
-    if not nested and m and int(at_steps[-1]) == n - 1:  # u_{N-1} is stored as well
+    if m and int(at_steps[-1]) == n - 1:  # u_{N-1} is stored as well
         slots = keep(jnp.asarray(at_slots[-1]), n - 1, state[0], slots)
     last = snapshot(state[0])
     carry, ys_buf = one(n - 1, state)
