@@ -273,36 +273,53 @@ class StepRunner:
         return lax.fori_loop(0, count, one, state)
 
 
-def reverse(steps: StepRunner, source: MacroActionSource, cur, slots, kbar, cbar, xbar, data=()):
+def reverse(
+    steps: StepRunner,
+    source: MacroActionSource,
+    cur,
+    slots,
+    kbar,
+    cbar,
+    xbar,
+    data=(),
+    n_steps=None,
+):
     """Execute the macro-actions of ``source`` from the state ``cur`` and snapshot rows
     ``slots`` (and, for ``DATA`` leaves, the data rows ``data``, :meth:`StepRunner.data_rows`).
+    ``n_steps``: the steps reversed, if it may be zero (traced; then nothing runs).
 
     One iteration per leaf: the moves before it, in a loop of their own (the cotangents are not
-    its operands), then the leaf, whose records run unconditionally in a loop that runs once
-    (:func:`._xla_cpu.once`; a conditional's untaken branch would copy the cotangents). The
-    source's :meth:`~._sources.MacroActionSource.step` has one call site, in the moves loop:
+    its operands), then the leaf, whose records run unconditionally (a conditional's untaken
+    branch would copy the cotangents). The source's :meth:`~._sources.MacroActionSource.step`
+    and :meth:`~._sources.MacroActionSource.leaf_slots` have one call site, in the moves loop:
     each of its trips executes the pending action if it is a move, then asks the next. A leaf
     leaves ``NOP`` pending (nothing to execute, ask the next), so the moves loop that follows
-    asks for what comes after it, and the leaf's loop runs only if that is not ``DONE``. So
-    the program holds one copy of the source's step (for the binomial machine, its largest
-    part) and one of each of the step's roles in a leaf. The pending action travels packed in
-    one int32[7] (its fields as loop state would be seven scalars, each copied per
-    iteration)."""
+    asks for what comes after it, unless it recorded step 0: steps are recorded last first,
+    each once, so that leaf is the last and ``DONE`` is left pending. So the program holds one
+    copy of the source's step (for the binomial machine, its largest part) and one of each of
+    the step's roles in a leaf. The pending action travels packed in one int32[7] (its fields
+    as loop state would be seven scalars, each copied per iteration)."""
 
     def moving(c):
         return (c[1][0] == machine.MOVE) | (c[1][0] == NOP)
 
+    def control(c):
+        """The next action and, should it be a leaf, its slots."""
+        m, nxt = source.step(c[0])
+        return m, machine.vector(nxt), source.leaf_slots(m)
+
     def move(c):
-        m, act, cur, slots = c
+        m, act, idx, cur, slots = c
         cur, slots = once(
             act[0] == machine.MOVE, lambda cs: steps.move(machine.Action(*act), *cs), (cur, slots)
         )
-        m, nxt = source.step(m)
-        return m, machine.vector(nxt), cur, slots
+        if source.control_apart:
+            m, act, idx = once(act[0] != machine.DONE, control, (m, act, idx))
+        else:
+            m, act, idx = control((m, act, idx))
+        return m, act, idx, cur, slots
 
-    def leaf(c):
-        m, act, cur, slots, data, kbar, cbar, xbar = c
-        idx = source.leaf_slots(m)  # m: the source right after it emitted this leaf
+    def leaf(act, idx, cur, slots, data, kbar, cbar, xbar):
         act = machine.Action(*act)
         cur, slots = steps.leaf_forward(act, idx, cur, slots)
         if source.with_data:
@@ -318,16 +335,16 @@ def reverse(steps: StepRunner, source: MacroActionSource, cur, slots, kbar, cbar
 
     def one_leaf(c):
         m, act, cur, slots, data, kbar, cbar, xbar = c
-        m, act, cur, slots = lax.while_loop(moving, move, (m, act, cur, slots))
-        cur, slots, data, kbar, cbar, xbar = once(
-            act[0] != machine.DONE,
-            lambda st: leaf((m, act, *st)),
-            (cur, slots, data, kbar, cbar, xbar),
-        )
-        act = jnp.where(act[0] == machine.DONE, act, _NOP)
+        m, act, idx, cur, slots = lax.while_loop(moving, move, (m, act, idx0, cur, slots))
+        cur, slots, data, kbar, cbar, xbar = leaf(act, idx, cur, slots, data, kbar, cbar, xbar)
+        # Steps are recorded last first, each once: the leaf that records step 0 is the last.
+        act = jnp.where(act[2] == 0, _DONE, _NOP)
         return (m, act, cur, slots, data, kbar, cbar, xbar)
 
     act = _NOP if source.first is None else source.first
+    if n_steps is not None:
+        act = jnp.where(n_steps > 0, act, _DONE)
+    idx0 = jnp.zeros(jax.eval_shape(source.leaf_slots, source.state).shape, i32)
     state = (source.state, act, list(cur), list(slots), list(data), list(kbar), cbar, xbar)
     state = lax.while_loop(lambda c: c[1][0] != machine.DONE, one_leaf, state)
     return state[5], state[6], state[7]
@@ -336,6 +353,7 @@ def reverse(steps: StepRunner, source: MacroActionSource, cur, slots, kbar, cbar
 # The executor's own pending action: nothing to execute, ask the source for the next one.
 NOP = -1
 _NOP = np.asarray([NOP, -1, 0, 0, 0, -1, 0], np.int32)
+_DONE = np.asarray([machine.DONE, -1, 0, 0, 0, -1, 0], np.int32)
 
 
 def _cotangent_init(body, consts, xs, keep=None):
@@ -456,6 +474,7 @@ def adjoint_while(
             carry_bar,
             consts_bar,
             [],
+            n_steps=n_steps,
         )
         steps.off.close()  # the last read of the store: release it
         return cbar, kbar
@@ -472,7 +491,7 @@ def adjoint_while(
         if source.with_data:
             data = steps.data_rows(rule.data_rows(n_slots), [*carry_bar, *carry0])
         kbar, cbar, _ = reverse(
-            steps, source, body.snapshot(carry0), slots, carry_bar, consts_bar, [], data
+            steps, source, body.snapshot(carry0), slots, carry_bar, consts_bar, [], data, n_steps
         )
         return cbar, kbar
 

@@ -36,15 +36,20 @@ class MacroActionSource(Protocol):
             the initial state, else ``None`` (the executor reads it with :meth:`step`).
         with_pairs: whether ``PAIRS`` leaves may come (static).
         with_data: whether ``DATA`` leaves may come (static): steps reversed from their data.
+        control_apart: whether :meth:`step` and :meth:`leaf_slots` run in a one-trip loop of
+            their own (:func:`._xla_cpu.once`): for a source whose step is many small kernels,
+            which then run in order (docs/performance.md, "The XLA CPU executor rule").
 
-    The executor calls :meth:`step` from one place in its program (its moves loop), so a source
-    whose step is large (the binomial machine) is traced and compiled once per reverse sweep.
+    The executor calls :meth:`step` and :meth:`leaf_slots` from one place in its program (its
+    moves loop), so a source whose step is large (the binomial machine) is traced and compiled
+    once per reverse sweep.
     """
 
     state: Any
     first: jax.Array | None
     with_pairs: bool
     with_data: bool
+    control_apart: bool
 
     def step(self, state) -> tuple[Any, machine.Action]:
         """The next state and the next action."""
@@ -58,11 +63,13 @@ class MacroActionSource(Protocol):
 class BinomialSource:
     """Macro-actions from the in-graph binomial machine; ``with_pairs``: also ``PAIRS``
     leaves (:mod:`._machine`). The first action is asked as the others are (``first`` is
-    ``None``): the machine's step is then in the program once, in the executor's moves loop,
-    whose body it shares only with a one-trip loop (its buffers within SMALL_BUFFER_BYTES up
-    to MAX_SMALL_SLOTS slots, :mod:`._xla_cpu`, so it runs in order)."""
+    ``None``): the machine's step is then in the program once, in the executor's moves loop."""
 
     first: jax.Array | None = None
+    # The machine's step is many small kernels over buffers within SMALL_BUFFER_BYTES (up to
+    # MAX_SMALL_SLOTS slots, :mod:`._xla_cpu`), which run in order in a loop of their own; in
+    # the moves loop's body, beside the move, they would run on the concurrent executor.
+    control_apart = True
 
     def __init__(
         self,
@@ -99,6 +106,7 @@ class RowSource:
     leaf records one step, at hand)."""
 
     with_pairs = False  # no PAIRS leaves
+    control_apart = False  # a row read is one kernel
     first: jax.Array | None = None  # the first action is read as the others are
 
     def __init__(self, tables: Tables):
