@@ -69,8 +69,8 @@ def _lowered(f):
 #   while_loop HVP: the tangent sweep (1) and the augmented sweep's replay of the placement
 #     (2) besides the gradient's; the machine's step once, in the augmented sweep.
 CASES = {
-    "scan-grad": (lambda: jax.grad(_scan_loss, (0, 1)), 5, 0),
-    "scan-hvp": (lambda: _hvp(_scan_loss), 6, 0),
+    "scan-grad": (lambda: jax.grad(_scan_loss, (0, 1)), 6, 0),
+    "scan-hvp": (lambda: _hvp(_scan_loss), 8, 0),
     "while-grad": (lambda: jax.grad(_while_loss, (0, 1)), 7, 1),
     "while-hvp": (lambda: _hvp(_while_loss), 10, 1),
 }

@@ -46,9 +46,9 @@ def forward(
     (``body.stored``).
 
     With ``m`` stores, ``m <= N / DENSE`` and ``unroll == 1``, the steps between two stores run
-    as a plain inner loop (one outer iteration per store, and two more: up to ``u_{N-1}``,
-    kept, then the last step; so the program holds the step once), and a step costs what it
-    costs without snapshots. Otherwise each step tests whether its state is stored (a conditional):
+    as a plain inner loop (one outer iteration per store, which stores the segment's first
+    state: the last one runs to ``u_{N-1}``), so a step costs what it costs without snapshots,
+    and the program holds two copies of the step (that loop's and the last step's). Otherwise each step tests whether its state is stored (a conditional):
     with more stores, by reading its slot off a table of ``N - 1`` (the stores are ``O(N)``
     already), which keeps the loop body within the thunk budget (docs/performance.md, "The XLA
     CPU executor rule"); with every state stored (``StoreAll``), with no test."""
@@ -89,24 +89,23 @@ def forward(
     state = (list(carry), ys_buf)
     nested = unroll == 1 and m * DENSE <= n
     if nested:
-        # One loop of m + 2 segments, the step in it once: segment q < m ends at the q-th store
-        # point and stores there, segment m ends at N - 1 and keeps u_{N-1}, segment m + 1 takes
-        # the last step.
-        ends = jnp.asarray(np.concatenate([at_steps, [n - 1, n]]).astype(np.int32))
-        where = jnp.asarray(np.concatenate([at_slots, [-1, -1]]).astype(np.int32))
+        # One loop over the store points, each segment storing its first state (no
+        # conditional: every schedule stores u_0), then advancing to the next store point or to
+        # N - 1: the program holds the step there and in the last step (below) only.
+        first = int(at_steps[0]) if m else n - 1
+        if first > 0:  # a schedule that does not store u_0: the steps before its first store
+            state = lax.fori_loop(0, first, one, state)
+        if m:
+            starts = jnp.asarray(at_steps)
+            ends = jnp.asarray(np.append(at_steps[1:], n - 1).astype(np.int32))
+            where = jnp.asarray(at_slots)
 
-        def segment(q, st):
-            state, slots, last = st
-            p = ends[q]
-            state = lax.fori_loop(jnp.where(q > 0, ends[jnp.maximum(q - 1, 0)], 0), p, one, state)
-            snap = snapshot(state[0])
-            last = [jnp.where(q == m, s, v) for s, v in zip(snap, last)]
-            return state, keep(where[q], p, state[0], slots, q < m), last
+            def segment(q, st):
+                state, slots = st
+                slots = keep(where[q], starts[q], state[0], slots)
+                return lax.fori_loop(starts[q], ends[q], one, state), slots
 
-        last = snapshot(zeros(body.carry_avals))
-        state, slots, last = lax.fori_loop(0, m + 2, segment, (state, list(slots), last))
-        carry, ys_buf = state
-        return carry, ys_buf, [*slots, *last]
+            state, slots = lax.fori_loop(0, m, segment, (state, list(slots)))
     elif m * DENSE <= n:  # few stores, unrolled steps: a pointer to the next store point
         steps = jnp.asarray(np.append(at_steps, n).astype(np.int32))
         where = jnp.asarray(np.append(at_slots, 0).astype(np.int32))
@@ -134,7 +133,7 @@ def forward(
             return one(i, state), keep(k, i, state[0], slots, None if every else k >= 0)
 
         state, slots = lax.fori_loop(0, n - 1, advance, (state, list(slots)), unroll=unroll)
-    if m and int(at_steps[-1]) == n - 1:  # u_{N-1} is stored as well
+    if not nested and m and int(at_steps[-1]) == n - 1:  # u_{N-1} is stored as well
         slots = keep(jnp.asarray(at_slots[-1]), n - 1, state[0], slots)
     last = snapshot(state[0])
     carry, ys_buf = one(n - 1, state)

@@ -315,8 +315,9 @@ def reverse(
         )
         if source.control_apart:
             m, act, idx = once(act[0] != machine.DONE, control, (m, act, idx))
-        else:
-            m, act, idx = control((m, act, idx))
+        else:  # its leaf slots after the loop, which ends where they are read (one site too)
+            m, act = source.step(m)
+            act = machine.vector(act)
         return m, act, idx, cur, slots
 
     def leaf(act, idx, cur, slots, data, kbar, cbar, xbar):
@@ -336,6 +337,8 @@ def reverse(
     def one_leaf(c):
         m, act, cur, slots, data, kbar, cbar, xbar = c
         m, act, idx, cur, slots = lax.while_loop(moving, move, (m, act, idx0, cur, slots))
+        if not source.control_apart:
+            idx = source.leaf_slots(m)
         cur, slots, data, kbar, cbar, xbar = leaf(act, idx, cur, slots, data, kbar, cbar, xbar)
         # Steps are recorded last first, each once: the leaf that records step 0 is the last.
         act = jnp.where(act[2] == 0, _DONE, _NOP)
