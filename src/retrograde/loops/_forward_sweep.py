@@ -48,10 +48,11 @@ def forward(
     With ``m`` stores, ``m <= N / DENSE`` and ``unroll == 1``, the steps between two stores run
     as a plain inner loop (one outer iteration per store, which stores the segment's first
     state: the last one runs to ``u_{N-1}``), so a step costs what it costs without snapshots,
-    and the program holds two copies of the step (that loop's and the last step's). Otherwise each step tests whether its state is stored (a conditional):
-    with more stores, by reading its slot off a table of ``N - 1`` (the stores are ``O(N)``
-    already), which keeps the loop body within the thunk budget (docs/performance.md, "The XLA
-    CPU executor rule"); with every state stored (``StoreAll``), with no test."""
+    and the program holds two copies of the step (that loop's and the last step's). Otherwise
+    each step tests whether its state is stored (a conditional): with more stores, by reading
+    its slot off a table of ``N - 1`` (the stores are ``O(N)`` already), which keeps the loop
+    body within the thunk budget (docs/performance.md, "The XLA CPU executor rule"); with every
+    state stored (``StoreAll``), with no test."""
     n = tables.length if tables is not None else length
     step = body.runner(batched)
     ys_buf = zeros(body.y_avals, (n,)) if ys else []

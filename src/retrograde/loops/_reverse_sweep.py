@@ -344,9 +344,7 @@ def reverse(
         act = jnp.where(act[2] == 0, _DONE, _NOP)
         return (m, act, cur, slots, data, kbar, cbar, xbar)
 
-    act = _NOP if source.first is None else source.first
-    if n_steps is not None:
-        act = jnp.where(n_steps > 0, act, _DONE)
+    act = _NOP if n_steps is None else jnp.where(n_steps > 0, _NOP, _DONE)
     idx0 = jnp.zeros(jax.eval_shape(source.leaf_slots, source.state).shape, i32)
     state = (source.state, act, list(cur), list(slots), list(data), list(kbar), cbar, xbar)
     state = lax.while_loop(lambda c: c[1][0] != machine.DONE, one_leaf, state)

@@ -32,8 +32,6 @@ class MacroActionSource(Protocol):
 
     Attributes:
         state: the initial state (a pytree of arrays).
-        first: the first action (an int32[7], :func:`._machine.vector`) if it is emitted with
-            the initial state, else ``None`` (the executor reads it with :meth:`step`).
         with_pairs: whether ``PAIRS`` leaves may come (static).
         with_data: whether ``DATA`` leaves may come (static): steps reversed from their data.
         control_apart: whether :meth:`step` and :meth:`leaf_slots` run in a one-trip loop of
@@ -46,7 +44,6 @@ class MacroActionSource(Protocol):
     """
 
     state: Any
-    first: jax.Array | None
     with_pairs: bool
     with_data: bool
     control_apart: bool
@@ -62,10 +59,9 @@ class MacroActionSource(Protocol):
 
 class BinomialSource:
     """Macro-actions from the in-graph binomial machine; ``with_pairs``: also ``PAIRS``
-    leaves (:mod:`._machine`). The first action is asked as the others are (``first`` is
-    ``None``): the machine's step is then in the program once, in the executor's moves loop."""
+    leaves (:mod:`._machine`). The first action is asked as the others are: the machine's
+    step is in the program once, in the executor's moves loop."""
 
-    first: jax.Array | None = None
     # The machine's step is many small kernels over buffers within SMALL_BUFFER_BYTES (up to
     # MAX_SMALL_SLOTS slots, :mod:`._xla_cpu`), which run in order in a loop of their own; in
     # the moves loop's body, beside the move, they would run on the concurrent executor.
@@ -107,7 +103,6 @@ class RowSource:
 
     with_pairs = False  # no PAIRS leaves
     control_apart = False  # a row read is one kernel
-    first: jax.Array | None = None  # the first action is read as the others are
 
     def __init__(self, tables: Tables):
         self.rows = jnp.asarray(tables.rows, i32)

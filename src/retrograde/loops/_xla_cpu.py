@@ -45,12 +45,16 @@ def branch(pred, f, x):
     with no loop state to initialise: for a function that makes new arrays rather than updating
     ``x``. ``f`` is traced once (its jaxpr gives the zeros' types and is the branch)."""
     leaves, tree = jax.tree_util.tree_flatten(x)
-    closed, shapes = jax.make_jaxpr(lambda *v: f(tree.unflatten(v)), return_shape=True)(*leaves)
+
+    def flat(*v):
+        return f(jax.tree_util.tree_unflatten(tree, v))
+
+    closed, shapes = jax.make_jaxpr(flat, return_shape=True)(*leaves)
     out_tree = jax.tree_util.tree_structure(shapes)
     run = jax_core.jaxpr_as_fun(closed)
 
     def taken(v):
-        return out_tree.unflatten(run(*v))
+        return jax.tree_util.tree_unflatten(out_tree, run(*v))
 
     def zeros(v):  # made in the branch
         return jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
