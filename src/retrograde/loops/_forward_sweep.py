@@ -46,11 +46,13 @@ def forward(
     (``body.stored``).
 
     With ``m`` stores, ``m <= N / DENSE`` and ``unroll == 1``, the steps between two stores run
-    as a plain inner loop (one outer iteration per store), so a step costs what it costs
-    without snapshots. Otherwise each step tests whether its state is stored (a conditional):
-    with more stores, by reading its slot off a table of ``N - 1`` (the stores are ``O(N)``
-    already), which keeps the loop body within the thunk budget (docs/performance.md, "The XLA
-    CPU executor rule"); with every state stored (``StoreAll``), with no test."""
+    as a plain inner loop (one outer iteration per store, which stores the segment's first
+    state: the last one runs to ``u_{N-1}``), so a step costs what it costs without snapshots,
+    and the program holds two copies of the step (that loop's and the last step's). Otherwise
+    each step tests whether its state is stored (a conditional): with more stores, by reading
+    its slot off a table of ``N - 1`` (the stores are ``O(N)`` already), which keeps the loop
+    body within the thunk budget (docs/performance.md, "The XLA CPU executor rule"); with every
+    state stored (``StoreAll``), with no test."""
     n = tables.length if tables is not None else length
     step = body.runner(batched)
     ys_buf = zeros(body.y_avals, (n,)) if ys else []
@@ -88,18 +90,23 @@ def forward(
     state = (list(carry), ys_buf)
     nested = unroll == 1 and m * DENSE <= n
     if nested:
-        steps, where = jnp.asarray(at_steps), jnp.asarray(at_slots)
-
-        def segment(q, st):  # advance to the q-th store point and store there
-            state, slots = st
-            p = steps[q]
-            state = lax.fori_loop(jnp.where(q > 0, steps[jnp.maximum(q - 1, 0)], 0), p, one, state)
-            return state, keep(where[q], p, state[0], slots)
-
+        # One loop over the store points, each segment storing its first state (no
+        # conditional: every schedule stores u_0), then advancing to the next store point or to
+        # N - 1: the program holds the step there and in the last step (below) only.
+        first = int(at_steps[0]) if m else n - 1
+        if first > 0:  # a schedule that does not store u_0: the steps before its first store
+            state = lax.fori_loop(0, first, one, state)
         if m:
+            starts = jnp.asarray(at_steps)
+            ends = jnp.asarray(np.append(at_steps[1:], n - 1).astype(np.int32))
+            where = jnp.asarray(at_slots)
+
+            def segment(q, st):
+                state, slots = st
+                slots = keep(where[q], starts[q], state[0], slots)
+                return lax.fori_loop(starts[q], ends[q], one, state), slots
+
             state, slots = lax.fori_loop(0, m, segment, (state, list(slots)))
-        start = int(at_steps[-1]) if m else 0
-        state = lax.fori_loop(start, n - 1, one, state)
     elif m * DENSE <= n:  # few stores, unrolled steps: a pointer to the next store point
         steps = jnp.asarray(np.append(at_steps, n).astype(np.int32))
         where = jnp.asarray(np.append(at_slots, 0).astype(np.int32))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .._jax_private import core
@@ -36,7 +37,7 @@ from ._placement import online_phases, place_thinned
 from ._slots import any_over, load, put_row, row, store, zeros, zeros_after
 from ._sources import BinomialSource, MacroActionSource, source_for
 from ._tables import Tables
-from ._xla_cpu import once, once_returning
+from ._xla_cpu import once
 
 i32 = jnp.int32
 
@@ -301,41 +302,54 @@ class StepRunner:
         return lax.fori_loop(0, count, one, state)
 
 
-def reverse(steps: StepRunner, source: MacroActionSource, cur, slots, kbar, cbar, xbar, data=()):
+def reverse(
+    steps: StepRunner,
+    source: MacroActionSource,
+    cur,
+    slots,
+    kbar,
+    cbar,
+    xbar,
+    data=(),
+    n_steps=None,
+):
     """Execute the macro-actions of ``source`` from the state ``cur`` and snapshot rows
     ``slots`` (and, for ``DATA`` leaves, the data rows ``data``, :meth:`StepRunner.data_rows`).
-    One iteration per leaf: the moves before it (the cotangents are not operands),
-    then the leaf, whose records run unconditionally (a conditional's untaken branch would copy
-    the cotangents). The pending action travels packed in one int32[7] (its fields as loop
-    state would be seven scalars, each copied per iteration)."""
+    ``n_steps``: the steps reversed, if it may be zero (traced; then nothing runs).
 
-    def next_action(m):
-        m, act = source.step(m)
-        return m, machine.vector(act)
+    One iteration per leaf: the moves before it, in a loop of their own (the cotangents are not
+    its operands), then the leaf, whose records run unconditionally (a conditional's untaken
+    branch would copy the cotangents). The source's :meth:`~._sources.MacroActionSource.step`
+    and :meth:`~._sources.MacroActionSource.leaf_slots` have one call site, in the moves loop:
+    each of its trips executes the pending action if it is a move, then asks the next. A leaf
+    leaves ``NOP`` pending (nothing to execute, ask the next), so the moves loop that follows
+    asks for what comes after it, unless it recorded step 0: steps are recorded last first,
+    each once, so that leaf is the last and ``DONE`` is left pending. So the program holds one
+    copy of the source's step (for the binomial machine, its largest part) and one of each of
+    the step's roles in a leaf. The pending action travels packed in one int32[7] (its fields
+    as loop state would be seven scalars, each copied per iteration)."""
 
     def moving(c):
-        return c[1][0] == machine.MOVE
+        return (c[1][0] == machine.MOVE) | (c[1][0] == NOP)
+
+    def control(c):
+        """The next action and, should it be a leaf, its slots."""
+        m, nxt = source.step(c[0])
+        return m, machine.vector(nxt), source.leaf_slots(m)
 
     def move(c):
-        m, act, cur, slots = c
+        m, act, idx, cur, slots = c
         cur, slots = once(
             act[0] == machine.MOVE, lambda cs: steps.move(machine.Action(*act), *cs), (cur, slots)
         )
-        return (*next_action(m), cur, slots)
-
-    def control(m):
-        """The leaf's slots and the next action."""
-        idx = source.leaf_slots(m)
-        m, nxt = next_action(m)
-        return m, idx, nxt
-
-    def one_leaf(c):
-        m, act, cur, slots, data, kbar, cbar, xbar = c
-        m, act, cur, slots = lax.while_loop(moving, move, (m, act, cur, slots))
         if source.control_apart:
-            m, idx, nxt = once_returning(act[0] != machine.DONE, control, m)
-        else:
-            m, idx, nxt = control(m)
+            m, act, idx = once(act[0] != machine.DONE, control, (m, act, idx))
+        else:  # its leaf slots after the loop, which ends where they are read (one site too)
+            m, act = source.step(m)
+            act = machine.vector(act)
+        return m, act, idx, cur, slots
+
+    def leaf(act, idx, cur, slots, data, kbar, cbar, xbar):
         act = machine.Action(*act)
         cur, slots = steps.leaf_forward(act, idx, cur, slots)
         if source.with_data:
@@ -347,15 +361,29 @@ def reverse(steps: StepRunner, source: MacroActionSource, cur, slots, kbar, cbar
         )
         if source.with_data:
             kbar, cbar, xbar = steps.data_records(act, slots, data, kbar, cbar, xbar)
-        return (m, nxt, cur, slots, data, kbar, cbar, xbar)
+        return cur, slots, data, kbar, cbar, xbar
 
-    if source.first is None:
-        m, act = next_action(source.state)
-    else:  # emitted with the source's initial state
-        m, act = source.state, source.first
-    state = (m, act, list(cur), list(slots), list(data), list(kbar), cbar, xbar)
+    def one_leaf(c):
+        m, act, cur, slots, data, kbar, cbar, xbar = c
+        m, act, idx, cur, slots = lax.while_loop(moving, move, (m, act, idx0, cur, slots))
+        if not source.control_apart:
+            idx = source.leaf_slots(m)
+        cur, slots, data, kbar, cbar, xbar = leaf(act, idx, cur, slots, data, kbar, cbar, xbar)
+        # Steps are recorded last first, each once: the leaf that records step 0 is the last.
+        act = jnp.where(act[2] == 0, _DONE, _NOP)
+        return (m, act, cur, slots, data, kbar, cbar, xbar)
+
+    act = _NOP if n_steps is None else jnp.where(n_steps > 0, _NOP, _DONE)
+    idx0 = jnp.zeros(jax.eval_shape(source.leaf_slots, source.state).shape, i32)
+    state = (source.state, act, list(cur), list(slots), list(data), list(kbar), cbar, xbar)
     state = lax.while_loop(lambda c: c[1][0] != machine.DONE, one_leaf, state)
     return state[5], state[6], state[7]
+
+
+# The executor's own pending action: nothing to execute, ask the source for the next one.
+NOP = -1
+_NOP = np.asarray([NOP, -1, 0, 0, 0, -1, 0], np.int32)
+_DONE = np.asarray([machine.DONE, -1, 0, 0, 0, -1, 0], np.int32)
 
 
 def _cotangent_init(body, consts, xs, keep=None, sums=None):
@@ -486,6 +514,7 @@ def adjoint_while(
             carry_bar,
             consts_bar,
             [],
+            n_steps=n_steps,
         )
         steps.off.close()  # the last read of the store: release it
         return cbar, kbar
@@ -502,7 +531,7 @@ def adjoint_while(
         if source.with_data:
             data = steps.data_rows(rule.data_rows(n_slots), [*carry_bar, *carry0])
         kbar, cbar, _ = reverse(
-            steps, source, body.snapshot(carry0), slots, carry_bar, consts_bar, [], data
+            steps, source, body.snapshot(carry0), slots, carry_bar, consts_bar, [], data, n_steps
         )
         return cbar, kbar
 

@@ -32,18 +32,18 @@ class MacroActionSource(Protocol):
 
     Attributes:
         state: the initial state (a pytree of arrays).
-        first: the first action (an int32[7], :func:`._machine.vector`) if it is emitted with
-            the initial state, else ``None`` (the executor reads it with :meth:`step`).
         with_pairs: whether ``PAIRS`` leaves may come (static).
         with_data: whether ``DATA`` leaves may come (static): steps reversed from their data.
-        control_apart: whether a leaf's control (:meth:`leaf_slots` and the next :meth:`step`)
-            runs in a one-trip loop of its own (:func:`._xla_cpu.once`): for a source whose
-            step is many small kernels, which then run in order (docs/performance.md, "The XLA
-            CPU executor rule").
+        control_apart: whether :meth:`step` and :meth:`leaf_slots` run in a one-trip loop of
+            their own (:func:`._xla_cpu.once`): for a source whose step is many small kernels,
+            which then run in order (docs/performance.md, "The XLA CPU executor rule").
+
+    The executor calls :meth:`step` and :meth:`leaf_slots` from one place in its program (its
+    moves loop), so a source whose step is large (the binomial machine) is traced and compiled
+    once per reverse sweep.
     """
 
     state: Any
-    first: jax.Array | None
     with_pairs: bool
     with_data: bool
     control_apart: bool
@@ -59,11 +59,12 @@ class MacroActionSource(Protocol):
 
 class BinomialSource:
     """Macro-actions from the in-graph binomial machine; ``with_pairs``: also ``PAIRS``
-    leaves (:mod:`._machine`)."""
+    leaves (:mod:`._machine`). The first action is asked as the others are: the machine's
+    step is in the program once, in the executor's moves loop."""
 
     # The machine's step is many small kernels over buffers within SMALL_BUFFER_BYTES (up to
-    # MAX_SMALL_SLOTS slots, :mod:`._xla_cpu`), which run in order in a loop of their own; among
-    # the leaf's loops they would run on the concurrent executor.
+    # MAX_SMALL_SLOTS slots, :mod:`._xla_cpu`), which run in order in a loop of their own; in
+    # the moves loop's body, beside the move, they would run on the concurrent executor.
     control_apart = True
 
     def __init__(
@@ -76,18 +77,17 @@ class BinomialSource:
         rule: machine.Rule = machine.REVOLVE,
     ):
         """``held()``: the held snapshots ``(steps, slots, count)`` as :func:`._machine.init`
-        takes them. It is traced, with the machine's initial state and first action, in a
-        conditional's branch of its own (:func:`._xla_cpu.branch`), so that their many small
-        kernels run in order there. ``rule``: the machine's leaves and splits."""
+        takes them. It is traced, with the machine's initial state, in a conditional's branch
+        of its own (:func:`._xla_cpu.branch`), so that their many small kernels run in order
+        there. ``rule``: the machine's leaves and splits."""
         self.with_pairs = with_pairs
         self.rule = rule
         self.with_data = rule.data_rows(n_slots) > 0
 
         def init(n):
-            st, act = self.step(machine.init(n_slots, *held(), n, at_hand))
-            return n, st, machine.vector(act)
+            return n, machine.init(n_slots, *held(), n, at_hand)
 
-        _, self.state, self.first = branch(n_steps >= 0, init, jnp.asarray(n_steps, i32))
+        _, self.state = branch(n_steps >= 0, init, jnp.asarray(n_steps, i32))
 
     def step(self, st):
         return machine.step(st, self.with_pairs, self.rule)
@@ -103,7 +103,6 @@ class RowSource:
 
     with_pairs = False  # no PAIRS leaves
     control_apart = False  # a row read is one kernel
-    first: jax.Array | None = None  # the first action is read as the others are
 
     def __init__(self, tables: Tables):
         self.rows = jnp.asarray(tables.rows, i32)

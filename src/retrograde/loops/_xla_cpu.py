@@ -19,6 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.extend import core as jax_core
 
 SEQUENTIAL_THUNKS = 8
 SMALL_BUFFER_BYTES = 512
@@ -38,19 +39,24 @@ def once(pred, f, operands):
     return lax.while_loop(lambda c: c[0], body, (pred, operands))[1]
 
 
-def zeros_of(f, x):
-    """Zeros shaped as ``f(x)`` (a pytree), without running ``f``."""
-    return jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(f, x))
-
-
-def once_returning(pred, f, x):
-    """``f(x)``, a tuple whose first entry is like ``x``, computed as :func:`once` does."""
-    return once(pred, lambda c: f(c[0]), (x, *zeros_of(f, x)[1:]))
-
-
 def branch(pred, f, x):
     """``f(x)`` as the branch of a conditional, ``pred`` being true whenever this runs (the other
     branch, never taken, returns zeros). Like :func:`once`, a thunk sequence of its own, but
     with no loop state to initialise: for a function that makes new arrays rather than updating
-    ``x``."""
-    return lax.cond(pred, f, lambda y: zeros_of(f, y), x)  # zeros made in the branch
+    ``x``. ``f`` is traced once (its jaxpr gives the zeros' types and is the branch)."""
+    leaves, tree = jax.tree_util.tree_flatten(x)
+
+    def flat(*v):
+        return f(jax.tree_util.tree_unflatten(tree, v))
+
+    closed, shapes = jax.make_jaxpr(flat, return_shape=True)(*leaves)
+    out_tree = jax.tree_util.tree_structure(shapes)
+    run = jax_core.jaxpr_as_fun(closed)
+
+    def taken(v):
+        return jax.tree_util.tree_unflatten(out_tree, run(*v))
+
+    def zeros(v):  # made in the branch
+        return jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+
+    return lax.cond(pred, taken, zeros, leaves)

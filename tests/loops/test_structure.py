@@ -1,0 +1,84 @@
+"""The structure of the lowered derivatives: how many copies of the step, and of the binomial
+machine's step, a compiled gradient or HVP holds (issue #33: compile time grows with them).
+
+Counted in the lowered StableHLO (``jax.jit(f).lower(...).as_text()``) as the ``tanh`` ops of a
+step whose only transcendental is one ``tanh``: each is a copy of the step's evaluation (a plain
+step, a store or a record's recomputation). The machine's step is counted as the times it is
+traced while lowering (shape-only passes included). Exact counts, no timing: a change that adds
+a copy fails here and says where to look (docs/performance.md, "Compile time").
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import retrograde
+from retrograde.loops import _machine
+
+N = 40
+THETA = jnp.float64(0.7)
+U0 = jnp.array([0.2, -0.3, 0.5])
+
+
+def _scan_loss(theta, u0):
+    step = lambda u, _: (u + 0.1 * jnp.tanh(theta * u), None)
+    return jnp.sum(retrograde.scan(step, u0, length=N)[0] ** 2)
+
+
+def _while_loss(theta, u0):
+    u = retrograde.while_loop(
+        lambda c: c[0] < N, lambda c: (c[0] + 1, c[1] + 0.1 * jnp.tanh(theta * c[1])), (0, u0)
+    )[1]
+    return jnp.sum(u**2)
+
+
+def _hvp(loss):
+    def hvp(theta, u0):
+        return jax.jvp(lambda t: jax.grad(loss, (0, 1))(t, u0), (theta,), (jnp.float64(1.0),))[1]
+
+    return hvp
+
+
+@pytest.fixture
+def machine_steps(monkeypatch):
+    """Counts the traces of the binomial machine's step."""
+    traces = []
+    plain = _machine.step
+
+    def counted(*args, **kwargs):
+        traces.append(1)
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(_machine, "step", counted)
+    return traces
+
+
+def _lowered(f):
+    return jax.jit(f).lower(THETA, U0).as_text()
+
+
+# (derivative, loss) -> (copies of the step, traces of the machine's step)
+#   scan gradient: the forward sweep's segments loop (1); the reverse sweep's move (advance),
+#     leaf forward, the leaf's last record, its records loop (4); no machine (a table of rows).
+#   scan HVP: the tangent sweep's segments loop (1) besides the gradient's.
+#   while_loop gradient: the forward sweep's two placement phases (table, rule) (2); the
+#     reverse sweep's four and the PAIRS leaves' forward (5); the machine's step once, in the
+#     executor's moves loop.
+#   while_loop HVP: the tangent sweep (1) and the augmented sweep's replay of the placement
+#     (2) besides the gradient's; the machine's step once, in the augmented sweep.
+CASES = {
+    "scan-grad": (lambda: jax.grad(_scan_loss, (0, 1)), 6, 0),
+    "scan-hvp": (lambda: _hvp(_scan_loss), 8, 0),
+    "while-grad": (lambda: jax.grad(_while_loss, (0, 1)), 7, 1),
+    "while-hvp": (lambda: _hvp(_while_loss), 10, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_copies_of_the_step(case, machine_steps):
+    make, step_copies, machine_copies = CASES[case]
+    text = _lowered(make())
+    assert text.count("stablehlo.tanh") == step_copies
+    assert len(machine_steps) == machine_copies
