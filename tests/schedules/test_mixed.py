@@ -252,7 +252,7 @@ def test_arguments_are_checked():
     with pytest.raises(ValueError, match="snapshots"):
         mixed_optimum(10, 0)
     with pytest.raises(ValueError, match="TABLE_LIMIT"):
-        Mixed(40, 2.0).evaluations(int((2 * TABLE_LIMIT / 40) ** 0.5) + 10)
+        Mixed(40, 1.5).evaluations(int((2 * TABLE_LIMIT / 40) ** 0.5) + 10)
 
 
 # ---------------------------------------------------------------------------------------------
