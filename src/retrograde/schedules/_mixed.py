@@ -177,9 +177,13 @@ def _band_advances(leaves: tuple[int, ...], n: int, level: int) -> int:
 
 def _band_split(leaves: tuple[int, ...], n: int, level: int) -> int:
     """An optimal split by the band rule: band 1, the start's leaf holds ``c_k - c_{k+1}`` and
-    as many of the rest as the next level's leaf leaves over; else ``N(r - 2) + o1``."""
+    as many of the rest as the next level's leaf leaves over; else ``N(r - 2) + o1``. At level
+    ``S - 1`` the only optimal split, ``n - c_S`` (the right part is a leaf of the last level;
+    there the band ``r`` grows as ``n / c_S``)."""
     if n <= leaves[level]:
         return 0
+    if level == len(leaves) - 2:
+        return n - leaves[-1]
     band = _band(leaves, n, level)
     o = n - band.base
     if band.r == 1:
