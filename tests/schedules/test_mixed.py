@@ -25,13 +25,13 @@ from retrograde.schedules import (
     ScheduleError,
     Simulator,
     Store,
+    _mixed,
     execute,
     mixed_optimum,
     mixed_split,
     revolve_optimum,
     simulate,
 )
-from retrograde.schedules import _mixed
 from retrograde.schedules._mixed import TABLE_LIMIT, band_rule_applies
 
 N_MAX, S_MAX = 300, 12

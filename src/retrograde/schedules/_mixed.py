@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Iterator
 from fractions import Fraction
@@ -84,13 +85,13 @@ def band_rule_applies(leaves: tuple[int, ...]) -> bool:
     fractional ``d > 1`` has runs of two lengths, ``d < 1`` drops of more than one. ``O(S)``.
 
     Example:
-        >>> band_rule_applies((3, 2, 1)), band_rule_applies((5, 3, 1)), band_rule_applies((3, 2, 2, 1))
-        (True, False, False)
+        >>> [band_rule_applies(c) for c in [(3, 2, 1), (5, 3, 1), (4, 3, 2, 2, 1)]]
+        [True, False, False]
     """
-    if any(not 0 <= a - b <= 1 for a, b in zip(leaves, leaves[1:])):
+    if any(not 0 <= a - b <= 1 for a, b in itertools.pairwise(leaves)):
         return False
     values = [(last - first + 1) * leaves[first] for first, last in _runs(leaves, 0)[1:]]
-    return all(v >= w for v, w in zip(values, values[1:]))
+    return all(v >= w for v, w in itertools.pairwise(values))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +146,12 @@ def _greedy(leaves: tuple[int, ...], band: _Band, level: int, o: int) -> tuple[i
     left = [_chains(r - 1, a - level) if r >= 2 else 0 for a in range(level, top)]
 
     def free(count: list[int]) -> int:  # the free openings' steps: a chain's run, to its end
-        return sum(count[a - level] * (last - a) * leaves[a] for f, last in runs for a in range(f, last + 1) if a < top)
+        return sum(
+            count[a - level] * (last - a) * leaves[a]
+            for f, last in runs
+            for a in range(f, last + 1)
+            if a < top
+        )
 
     free_all, free_left = free(chains), free(left)
     need, paid = o - free_all, 0
