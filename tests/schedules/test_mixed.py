@@ -25,13 +25,14 @@ from retrograde.schedules import (
     ScheduleError,
     Simulator,
     Store,
+    _mixed,
     execute,
     mixed_optimum,
     mixed_split,
     revolve_optimum,
     simulate,
 )
-from retrograde.schedules._mixed import TABLE_LIMIT
+from retrograde.schedules._mixed import TABLE_LIMIT, band_rule_applies
 
 N_MAX, S_MAX = 300, 12
 DATA_SIZES = (0.5, 1.0, 1.5, 2.0, 4.0)
@@ -168,6 +169,72 @@ def test_closed_form_for_large_n_matches_the_schedule():
 
 
 # ---------------------------------------------------------------------------------------------
+# The band rule (docs/mixed.md, "General leaf sizes") against the tree's own dynamic program
+# ---------------------------------------------------------------------------------------------
+
+
+def tree_reference(leaves: tuple[int, ...], n_max: int) -> np.ndarray:
+    """``A[k, n]``: the fewest extra advances of the tree, written out on its own: ``0`` for ``n
+    <= c_k``, else ``min_j j + A[k, j] + A[k + 1, n - j]`` (level ``S``: no split)."""
+    big = 10**12
+    top = len(leaves) - 1
+    a = np.full((top + 1, n_max + 1), big, dtype=np.int64)
+    for k in range(top, -1, -1):
+        a[k, : min(leaves[k], n_max) + 1] = 0
+        if k == top:
+            continue
+        for n in range(leaves[k] + 1, n_max + 1):
+            j = np.arange(1, n)
+            a[k, n] = (j + a[k, j] + a[k + 1, n - j]).min()
+    return a
+
+
+GRID_DATA = [Fraction(1, 4), Fraction(1, 2), Fraction(2, 3), 1, Fraction(3, 2), 2, 3, 4, 7]
+GRID_BUDGETS = [1, Fraction(3, 2), 2, Fraction(5, 2), 3, 4, Fraction(9, 2), 6, Fraction(17, 2)]
+
+
+@pytest.mark.parametrize("data_size", GRID_DATA, ids=str)
+def test_every_split_is_optimal_on_a_grid(data_size):
+    """Every budget of the grid (fractional ones, and data larger than the budget), every
+    level and every segment of up to 90 steps: the split attains the tree's optimum, and the
+    evaluations are ``n + A[0, n]`` (band rule or dynamic program alike)."""
+    n_max = 90
+    for budget in GRID_BUDGETS:
+        schedule = Mixed(budget, data_size)
+        leaves = schedule._leaves
+        a = tree_reference(leaves, n_max)
+        for k in range(len(leaves) - 1):
+            for n in range(leaves[k] + 1, n_max + 1):
+                j = schedule.split(n, k)
+                assert 1 <= j < n and j + a[k, j] + a[k + 1, n - j] == a[k, n], (budget, k, n)
+        got = [schedule.evaluations(n) for n in range(1, n_max + 1)]
+        assert got == [n + int(a[0, n]) for n in range(1, n_max + 1)], budget
+
+
+def test_which_leaf_sizes_have_a_band_rule():
+    for budget in GRID_BUDGETS:
+        for data_size in (1, 2, 3, 4, 7, budget + 1):
+            assert band_rule_applies(Mixed(budget, data_size)._leaves), (budget, data_size)
+    assert not band_rule_applies(Mixed(12, 1.5)._leaves)  # runs of one and two levels
+    assert not band_rule_applies(Mixed(3, 0.5)._leaves)  # drops of two steps
+
+
+@pytest.mark.parametrize("data_size", [1, 2])
+def test_long_schedules_build_no_table(monkeypatch, data_size):
+    """``Mixed(40, d).actions(10_000)`` for a whole ``d``: the band rule alone (the timing is
+    ``benchmarks/mixed_counts.py``'s)."""
+
+    def no_table(leaves):
+        raise AssertionError(f"a dynamic program was built for {leaves}")
+
+    monkeypatch.setattr(_mixed, "_table", no_table)
+    schedule = Mixed(40, data_size)
+    stats = simulate(schedule, 10_000)
+    assert stats.evaluations == schedule.evaluations(10_000)
+    assert stats.recorded + stats.reversed == 10_000
+
+
+# ---------------------------------------------------------------------------------------------
 # The structure the compiled loops run
 # ---------------------------------------------------------------------------------------------
 
@@ -252,7 +319,7 @@ def test_arguments_are_checked():
     with pytest.raises(ValueError, match="snapshots"):
         mixed_optimum(10, 0)
     with pytest.raises(ValueError, match="TABLE_LIMIT"):
-        Mixed(40, 2.0).evaluations(int((2 * TABLE_LIMIT / 40) ** 0.5) + 10)
+        Mixed(40, 1.5).evaluations(int((2 * TABLE_LIMIT / 40) ** 0.5) + 10)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,19 +14,26 @@ evaluations (plain, linearized and recorded) that reverse ``n`` steps obey
 the first ``i``). The schedule is a *tree*: a segment with ``u_start`` at hand and ``k`` states
 held above it (its *level*) is either a **leaf**, reversed from data (linearize all its steps
 but the last, record the last, reverse the others from their data), or **split** by storing
-``u_start``. A leaf at level ``k`` has at most ``leaf_size(k) = floor((s - k) / d) + 1``
-steps. ``docs/mixed.md`` proves, for ``d = 1``, that the best tree attains ``M`` and gives it
-and its split in closed form; for other ``d`` a dynamic program finds the best tree, which
-attains ``M`` in every case the tests check (not proven).
+``u_start``. A leaf at level ``k`` has at most ``c_k = leaf_size(k) = floor((s - k) / d) + 1``
+steps; the tree's extra advances obey ``A(n, k) = 0`` for ``n <= c_k``, else
+``min_j j + A(j, k) + A(n - j, k + 1)``.
 
-The one home of the mixed recurrences: :func:`mixed_optimum` and :func:`mixed_split` (closed
-forms, ``d = 1``), :class:`Mixed` (any data size).
+``docs/mixed.md`` proves, for leaf sizes that drop by at most one per level (every ``d >= 1``),
+that the best tree's optimum is a band formula, and gives a split rule attaining it, both in
+``O(S r)`` integer operations per segment (:func:`band_rule_applies`: when its knapsack is
+solved greedily, which includes every whole ``d``); for ``d = 1`` the best tree attains ``M``.
+Other leaf sizes are planned by a dynamic program (:class:`_Table`), whose optimum attains ``M``
+in every case the tests check (not proven).
+
+The one home of the mixed recurrences: :func:`mixed_optimum` and :func:`mixed_split` (``d =
+1``), :class:`Mixed` (any data size), both over the band rule here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Iterator
 from fractions import Fraction
@@ -45,38 +52,153 @@ from ._actions import (
     Store,
 )
 from ._base import Level, OfflineSchedule, check_snapshots, check_steps, exact_size
-from ._optimum import beta, optimum, repetition
-from ._revolve import largest_split
 
-__all__ = ["Mixed", "mixed_optimum", "mixed_split", "TABLE_LIMIT"]
+__all__ = ["Mixed", "mixed_optimum", "mixed_split", "band_rule_applies", "TABLE_LIMIT"]
 
-#: The most ``N^2 * S / 2`` (pairs examined) :class:`Mixed` plans by its dynamic program, for a
-#: data size without a closed form; beyond it the schedule raises instead of running for minutes.
+#: The most ``N^2 * S / 2`` (pairs examined) :class:`Mixed` plans by its dynamic program, for
+#: leaf sizes without a band rule; beyond it the schedule raises instead of running for minutes.
 TABLE_LIMIT = 2 * 10**10
 
 
-def _band(n: int, s: int) -> tuple[int, int, int]:
-    """``(r, k, o1)`` for ``n > s + 1`` steps, ``s >= 1`` unit slots (``d = 1``): ``r`` with
-    ``beta(s, r - 1) < n <= beta(s, r)``; ``k``, the fewest leaves opened to hold the
-    ``o = n - beta(s, r - 1)`` steps beyond the full tree of band ``r - 1``; ``o1``, how many of
-    them the left part holds. The leaves open largest first: ``C(a + r - 2, a)`` of size ``s - a``
-    for ``a = 0 .. s - 1``, of which ``C(a + r - 3, a)`` (band 2: the one of size ``s``) lie in
-    the left part, which gets them first (``docs/mixed.md``). ``O(s + r)``.
+# ---------------------------------------------------------------------------------------------
+# The band rule (docs/mixed.md, "General leaf sizes")
+# ---------------------------------------------------------------------------------------------
+
+
+def _runs(leaves: tuple[int, ...], level: int) -> list[tuple[int, int]]:
+    """The runs of equal leaf size from ``level`` down: ``(first, last)`` levels, in order."""
+    runs, first = [], level
+    for a in range(level, len(leaves)):
+        if a == len(leaves) - 1 or leaves[a + 1] != leaves[a]:
+            runs.append((first, a))
+            first = a + 1
+    return runs
+
+
+@functools.lru_cache(maxsize=256)
+def band_rule_applies(leaves: tuple[int, ...]) -> bool:
+    """Whether the band rule plans the tree of these leaf sizes ``c_0 >= ... >= c_S >= 1``: each
+    drops by at most one from a level to the next, and the segment values ``W`` (a run of
+    ``l`` levels of equal size ``v`` after the first run: ``l * v``) do not increase, so that
+    the band's knapsack is solved greedily (``docs/mixed.md``). True for every budget with a
+    whole data size ``d >= 1`` (runs of ``d`` levels) and for ``d > budget`` (Revolve); a
+    fractional ``d > 1`` has runs of two lengths, ``d < 1`` drops of more than one. ``O(S)``.
+
+    Example:
+        >>> [band_rule_applies(c) for c in [(3, 2, 1), (5, 3, 1), (4, 3, 2, 2, 1)]]
+        [True, False, False]
     """
-    r, b = repetition(n, s)
-    o = n - b * r // (s + r)  # n - beta(s, r - 1)
-    opened = held_left = 0
-    count = count_left = 1  # C(a + r - 2, a), C(a + r - 3, a) (band 2: the size-s leaf)
-    for a in range(s):
-        size = s - a
-        if o <= count * size:
-            return r, opened - (-o // size), held_left + min(o, count_left * size)
-        opened += count
-        held_left += count_left * size
-        o -= count * size
-        count = count * (a + r - 1) // (a + 1)
-        count_left = count_left * (a + r - 2) // (a + 1) if r > 2 else 0
-    raise AssertionError((n, s))  # unreachable: the band holds beta(s, r) - beta(s, r - 1)
+    if any(not 0 <= a - b <= 1 for a, b in itertools.pairwise(leaves)):
+        return False
+    values = [(last - first + 1) * leaves[first] for first, last in _runs(leaves, 0)[1:]]
+    return all(v >= w for v, w in itertools.pairwise(values))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Band:
+    """Where ``n > c_k`` steps at level ``k`` lie: band ``r >= 1`` (``N(r - 1, k) < n <= N(r,
+    k)``, ``N(r, k)`` the most steps reversed with at most ``r`` extra advances each), ``base =
+    N(r - 1, k)``, ``left = N(r - 2, k)`` (``N(-1, k) = c_k - c_{k+1}``) and ``cost``, the
+    extra advances of the full tree of ``N(r - 1, k)`` steps."""
+
+    r: int
+    base: int
+    left: int
+    cost: int
+
+
+def _band(leaves: tuple[int, ...], n: int, level: int) -> _Band:
+    """The band of ``n > c_level`` steps at ``level < S``, by the rows ``N(r, .)`` and the full
+    trees' costs ``F(r, .)`` of the levels ``level .. S``: ``N(r, a) = N(r - 1, a) + N(r, a +
+    1)``, ``F(r, a) = F(r - 1, a) + N(r - 1, a) + F(r, a + 1)`` (the left part advanced once
+    more), ``N(r, S) = c_S``, ``F(r, S) = 0``, from ``N(-1, a) = -F(-1, a) = c_a - c_{a+1}``.
+    ``O((S - level) r)``."""
+    c = leaves[level:]
+    top = len(c) - 1
+    size = [c[i] - c[i + 1] for i in range(top)] + [c[top]]
+    cost = [-x for x in size[:top]] + [0]
+    left, r = size[0], 0
+    while True:
+        new_size, new_cost = size[:], cost[:]
+        new_size[top], new_cost[top] = c[top], 0
+        for i in range(top - 1, -1, -1):
+            new_size[i] = size[i] + new_size[i + 1]
+            new_cost[i] = cost[i] + size[i] + new_cost[i + 1]
+        if new_size[0] >= n:
+            return _Band(r, size[0], left, cost[0])
+        left, size, cost, r = size[0], new_size, new_cost, r + 1
+
+
+def _chains(r: int, i: int) -> int:
+    """Chains of band ``r``'s pool rooted ``i`` levels below the segment: ``C(r - 2 + i, i)``
+    (band 1: the one chain from the segment's start)."""
+    return math.comb(r - 2 + i, i) if r >= 2 else int(i == 0)
+
+
+def _greedy(leaves: tuple[int, ...], band: _Band, level: int, o: int) -> tuple[int, int]:
+    """``(K(o), o1)``: the fewest paid openings of band ``band.r``'s pool that hold ``o`` steps
+    beyond its base (``docs/mixed.md``: free openings first, then the runs' segments in order,
+    as many as the chains reaching them allow), and the steps ``o1`` of them in the left part's
+    pool (band ``r - 1`` at ``level``), filled first. ``O(S)``."""
+    r, top = band.r, len(leaves) - 1
+    runs = _runs(leaves, level)
+    chains = [_chains(r, a - level) for a in range(level, top)]
+    left = [_chains(r - 1, a - level) if r >= 2 else 0 for a in range(level, top)]
+
+    def free(count: list[int]) -> int:  # the free openings' steps: a chain's run, to its end
+        return sum(
+            count[a - level] * (last - a) * leaves[a]
+            for f, last in runs
+            for a in range(f, last + 1)
+            if a < top
+        )
+
+    free_all, free_left = free(chains), free(left)
+    need, paid = o - free_all, 0
+    rest = o - min(o, free_left)
+    o1 = min(o, free_left)
+    rest -= min(rest, free_all - free_left)
+    reach = reach_left = 0
+    for (first, last), (pf, pl) in zip(runs[1:], runs):
+        value = (last - first + 1) * leaves[first]
+        fresh = sum(chains[a - level] for a in range(pf, pl + 1))
+        fresh_left = sum(left[a - level] for a in range(pf, pl + 1))
+        take = min(fresh + reach, -(-need // value)) if need > 0 else 0
+        take_left = min(take, fresh_left + reach_left)
+        need, paid, reach, reach_left = need - take * value, paid + take, take, take_left
+        step = min(rest, take_left * value)
+        o1, rest = o1 + step, rest - step
+        rest -= min(rest, (take - take_left) * value)
+    return paid, o1
+
+
+def _band_advances(leaves: tuple[int, ...], n: int, level: int) -> int:
+    """``A(n, level)`` by the band rule: ``F(r - 1) + r (n - N(r - 1)) + K``."""
+    if n <= leaves[level]:
+        return 0
+    band = _band(leaves, n, level)
+    o = n - band.base
+    return band.cost + band.r * o + _greedy(leaves, band, level, o)[0]
+
+
+def _band_split(leaves: tuple[int, ...], n: int, level: int) -> int:
+    """An optimal split by the band rule: band 1, the start's leaf holds ``c_k - c_{k+1}`` and
+    as many of the rest as the next level's leaf leaves over; else ``N(r - 2) + o1``. At level
+    ``S - 1`` the only optimal split, ``n - c_S`` (the right part is a leaf of the last level;
+    there the band ``r`` grows as ``n / c_S``)."""
+    if n <= leaves[level]:
+        return 0
+    if level == len(leaves) - 2:
+        return n - leaves[-1]
+    band = _band(leaves, n, level)
+    o = n - band.base
+    if band.r == 1:
+        return band.left + min(o, leaves[level + 1])
+    return band.left + _greedy(leaves, band, level, o)[1]
+
+
+def _unit_leaves(s: int) -> tuple[int, ...]:
+    return tuple(range(s + 1, 0, -1))
 
 
 def mixed_optimum(n_steps: int, snapshots: int) -> int:
@@ -89,18 +211,15 @@ def mixed_optimum(n_steps: int, snapshots: int) -> int:
 
     where ``k`` is the fewest leaves of band ``r`` opened to hold ``n - beta(s, r - 1)`` steps
     (``C(a + r - 2, a)`` of them hold ``s - a`` each, ``a = 0 .. s - 1``; taken largest first);
-    at the band ends ``n = C(s + r, s)`` it is ``r n - C(s + r - 1, s + 1)``. ``O(s + r)``;
-    proof in ``docs/mixed.md``.
+    at the band ends ``n = C(s + r, s)`` it is ``r n - C(s + r - 1, s + 1)``. Computed by the
+    band rule for leaf sizes ``s + 1, s, ..., 1``, ``O(s r)``; proof in ``docs/mixed.md``.
 
     Example:
         >>> mixed_optimum(1000, 10), mixed_optimum(1000, 40), mixed_optimum(10_000, 10)
         (3921, 2142, 60960)
     """
     n, s = check_steps(n_steps), check_snapshots(snapshots, "mixed_optimum(snapshots=...)")
-    if n <= s + 1:
-        return n
-    r, opened, _ = _band(n, s)
-    return r * n - math.comb(s + r - 1, s + 1) - math.comb(s + r - 2, s - 1) + opened
+    return n + _band_advances(_unit_leaves(s), n, 0) if n else 0
 
 
 def mixed_split(n_steps: int, snapshots: int) -> int:
@@ -110,18 +229,16 @@ def mixed_split(n_steps: int, snapshots: int) -> int:
     store ``u_start``, advance ``j`` steps, reverse the right part ``n - j`` with ``s - 1``,
     restore ``u_start``, free its slot, reverse the left part ``j`` with ``s``. The split is
     optimal for mixed checkpointing and for Revolve alike: ``j = beta(s, r - 2) + o1`` (band
-    ``r`` of ``n``, ``o1`` from :func:`mixed_optimum`'s openings), so the left part lies in
-    band ``r - 1`` of ``s`` and the right part in band ``r`` of ``s - 1``. ``O(s + r)``.
+    ``r`` of ``n``, ``o1`` what the left part's leaves hold of :func:`mixed_optimum`'s
+    openings, filled first), so the left part lies in band ``r - 1`` of ``s`` and the right
+    part in band ``r`` of ``s - 1``. The band rule's split, ``O(s r)``.
 
     Example:
         >>> mixed_split(5, 4), mixed_split(6, 4), mixed_split(1000, 10)
         (0, 2, 286)
     """
     n, s = check_steps(n_steps), check_snapshots(snapshots, "mixed_split(snapshots=...)")
-    if n <= s + 1:
-        return 0
-    r, _, held_left = _band(n, s)
-    return beta(s, r - 2) + held_left
+    return _band_split(_unit_leaves(s), n, 0) if n else 0
 
 
 class _Table:
@@ -188,12 +305,13 @@ class Mixed(OfflineSchedule):
     state stored at level ``k``), data slots ``state_slots .. state_slots + data_slots - 1``;
     at any time ``states + data_size * data <= snapshots`` (the simulator checks it).
 
-    The split rule: for ``data_size = 1`` (any budget and data size for which ``leaf_size(k) =
-    S - k + 1``) the closed forms :func:`mixed_split` and :func:`mixed_optimum` (``O(s + r)``
-    per segment, proven in ``docs/mixed.md``); when no data slot fits (``data_size >
-    snapshots``), Revolve's (:func:`largest_split`); otherwise a dynamic program over the tree,
-    ``O(N^2 S)`` operations and ``O(N S)`` memory for ``N`` steps, computed once per budget and
-    data size (up to :data:`TABLE_LIMIT`).
+    The split rule: when :func:`band_rule_applies` to the leaf sizes (every whole ``data_size
+    >= 1``, and ``data_size > snapshots``), the band rule of ``docs/mixed.md``: the optimum of
+    the tree and an optimal split in ``O(S r)`` integer operations per segment, no table (for
+    ``data_size = 1`` it is :func:`mixed_split` and :func:`mixed_optimum`). Otherwise (a
+    fractional ``data_size``) a dynamic program over the tree, ``O(N^2 S)`` operations and ``O(N
+    S)`` memory for ``N`` steps, computed once per budget and data size (up to
+    :data:`TABLE_LIMIT`).
 
     Args:
         snapshots: the memory budget, in states (``>= 1``: an int, or a float or ``Fraction``
@@ -292,13 +410,8 @@ class Mixed(OfflineSchedule):
         return self._leaves[level]
 
     @property
-    def _rule(self) -> str:
-        leaves, top = self._leaves, len(self._leaves) - 1
-        if all(c == top - k + 1 for k, c in enumerate(leaves)):
-            return "closed"
-        if leaves[0] == 1:
-            return "revolve"
-        return "table"
+    def _banded(self) -> bool:
+        return band_rule_applies(self._leaves)
 
     def _table_for(self, n_steps: int) -> _Table:
         work = n_steps * n_steps * self.state_slots // 2
@@ -306,8 +419,8 @@ class Mixed(OfflineSchedule):
             raise ValueError(
                 f"{self!r} plans n_steps={n_steps} by a dynamic program of about N^2 * S / 2 = "
                 f"{work:.2g} operations, over TABLE_LIMIT = {TABLE_LIMIT:.0e}. Use fewer steps "
-                "per schedule, or a data size with a closed form: data_size=1 (a data_size "
-                "below 1 may round up to it, each data slot then reserving a whole state)."
+                "per schedule, or a data size with a band rule: a whole number of states "
+                "(data_size=1, 2, ...; rounding data_size up reserves more memory per data slot)."
             )
         table = _table(self._leaves)
         table.grow(n_steps)
@@ -315,7 +428,7 @@ class Mixed(OfflineSchedule):
 
     def split(self, n_steps: int, level: int = 0) -> int:
         """For a segment of ``n_steps`` steps with ``u_start`` at hand and ``level`` states held:
-        ``0`` if it is a leaf (``n_steps <= leaf_size(level)``), else the optimal split ``j``
+        ``0`` if it is a leaf (``n_steps <= leaf_size(level)``), else an optimal split ``j``
         (store ``u_start`` in slot ``level``, advance ``j`` steps, ...; see the class).
 
         Example:
@@ -331,13 +444,8 @@ class Mixed(OfflineSchedule):
                 f"{self!r}: a segment of {n} steps at level {level} holds every state the budget "
                 f"allows and more steps than a leaf ({leaf}); no schedule reverses it."
             )
-        rule, free = self._rule, self.state_slots - level
-        if rule == "closed":
-            return mixed_split(n, free)
-        if rule == "revolve":  # Revolve with `free` slots, the start's included
-            if free == 1:
-                return n - 1
-            return 1 if n <= free + 1 else largest_split(n, free)
+        if self._banded:
+            return _band_split(self._leaves, n, level)
         return int(self._table_for(n).splits[level, n])
 
     def evaluations(self, n_steps: int) -> int:
@@ -351,11 +459,8 @@ class Mixed(OfflineSchedule):
         n = check_steps(n_steps)
         if n == 0:
             return 0
-        rule = self._rule
-        if rule == "closed":
-            return mixed_optimum(n, self.state_slots)
-        if rule == "revolve":
-            return optimum(n, self.state_slots) + n
+        if self._banded:
+            return n + _band_advances(self._leaves, n, 0)
         return n + int(self._table_for(n).advances[0, n])
 
     def binomial_stores(self, n_steps: int) -> tuple[int, ...]:
@@ -383,8 +488,8 @@ class Mixed(OfflineSchedule):
         """The tree of the class docstring, depth first, right part first; one generator frame
         with an explicit stack of at most ``S`` pending left parts."""
         n_steps = check_steps(n_steps)
-        if n_steps:
-            self.evaluations(n_steps)  # the table (if any) once, and its limit before any action
+        if n_steps and not self._banded:
+            self._table_for(n_steps)  # the table once, and its limit before any action
         first_data = self.state_slots
         # A task: (start, n, level, stored): reverse steps start .. start + n - 1 with u_start at
         # hand (after a Restore when stored, in which case u_start is in slot `level`).
