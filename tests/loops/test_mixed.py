@@ -402,12 +402,42 @@ def test_memory_within_the_slots_and_flat(order):
     assert sizes[10000] <= sizes[1000] + factor * CARRY
 
 
-def test_mixed_reversal_longer_than_its_rows_is_refused():
-    """``Mixed``'s reversal is read off its twin's rows; past ``ROW_LIMIT`` of them (no in-graph
-    split yet) building the tables says so and what to do."""
-    assert len(_tables.tables_for(rs.Mixed(40), 10_000).rows) <= _tables.ROW_LIMIT
-    with pytest.raises(ValueError, match=r"no in-graph split yet.*shorter loops"):
-        _tables.tables_for(rs.Mixed(4), 100_000)
+def test_mixed_on_the_in_graph_machine(monkeypatch):
+    """Past ``ROW_LIMIT`` rows ``Mixed`` runs the in-graph machine, splitting by the band rule
+    (``_mixed_rule``): its actions are the twin's rows, its evaluations and gradient those of the
+    rows; a fractional data size (no band rule) is refused there, saying what to do."""
+    for schedule, n in ((rs.Mixed(4), 57), (rs.Mixed(5, 2.0), 40), (rs.Mixed(3.5, 1.0), 25)):
+        tables = _tables.tables_for(schedule, n)
+        steps, slots, count = tables.held
+        acts, _, k = (
+            np.asarray(v)
+            for v in _run(
+                tables.n_slots,
+                jnp.asarray(steps),
+                jnp.asarray(slots),
+                count,
+                n,
+                True,
+                False,
+                tables.rule,
+            )
+        )
+        assert acts[: int(k) - 1].tolist() == tables.rows.tolist(), schedule
+    schedule, n = rs.Mixed(4), 57
+    stats = rs.simulate(schedule, n)
+    monkeypatch.setattr(_tables, "ROW_LIMIT", 0)
+    _tables.tables_for.cache_clear()
+    try:
+        tables = _tables.tables_for(schedule, n)
+        assert tables.rows is None
+        grad = jax.jit(jax.grad(functools.partial(_count_loss, schedule, n), argnums=(0, 1)))
+        assert _count(grad, *ARGS) == stats.evaluations + 1 + tables.relinearized
+        ref = jax.jit(jax.grad(functools.partial(_count_loss, None, n), argnums=(0, 1)))(*ARGS)
+        P.assert_close(grad(*ARGS), ref, RTOL, "Mixed on the machine")
+        with pytest.raises(ValueError, match=r"no in-graph split rule.*whole data_size"):
+            _tables.tables_for(rs.Mixed(4, 0.5), 100)
+    finally:
+        _tables.tables_for.cache_clear()
 
 
 @pytest.mark.parametrize("order", ["grad", "hvp"])

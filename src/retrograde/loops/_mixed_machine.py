@@ -14,16 +14,19 @@ leaf if it has at most ``leaf_size(level)`` steps (one step: recorded), else it 
 no slot in the schedule, and the reversal linearizes that leaf again from it).
 
 When no step's data fits the budget (``leaf_size(0) == 1``), ``Mixed`` is Revolve and the rule
-is :data:`._machine.REVOLVE`. The rule has no in-graph split yet, so a ``Mixed`` reversal is
-always read off the Python twin's rows (``_tables.ROW_LIMIT`` of them at most).
+is :data:`._machine.REVOLVE`. Past ``_tables.ROW_LIMIT`` rows the machine splits in the graph
+by the band rule (:mod:`._mixed_rule`, every whole ``data_size``); leaf sizes without one (a
+fractional ``data_size``, or more than ``MAX_LEVELS`` states) run only as rows.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..schedules import Mixed
+from ..schedules import Mixed, band_rule_applies
 from . import _machine as machine
+from ._mixed_rule import MAX_LEVELS
+from ._mixed_rule import split as band_split
 
 i32 = jnp.int32
 
@@ -44,9 +47,16 @@ def mixed_rule(schedule: Mixed) -> machine.Rule:
         size = jnp.asarray(leaves, i32)[jnp.clip(s_max - 1 - s, 0, top)]
         return jnp.where(n == 1, machine.LEAF, jnp.where(n <= size, machine.DATA, -1))
 
+    in_graph = band_rule_applies(leaves) and top <= MAX_LEVELS
+
+    def split(n, s, s_max):
+        return band_split(leaves, n, s_max - 1 - s)
+
     return machine.Rule(
         leaf=leaf,
-        split=None,  # no in-graph split yet: the reversal is read off the twin's rows
+        # Leaf sizes without a band rule (a fractional data size) are planned by a table, read
+        # off as the twin's rows.
+        split=split if in_graph else None,
         py_leaf=py_leaf,
         py_split=lambda n, s, s_max: schedule.split(n, s_max - 1 - s),
         state_slots=lambda slots: top,

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..schedules._mixed import band_rule_applies
+from ..schedules import band_rule_applies
 from ._binomial import CAP, next_beta
 
 i32 = jnp.int32

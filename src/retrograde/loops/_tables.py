@@ -161,8 +161,8 @@ def tables_for(schedule: OfflineSchedule, length: int) -> Tables:
             raise ValueError(
                 f"{schedule!r} over {length} steps: its reversal has more than {ROW_LIMIT} "
                 "macro-actions, and this schedule's reversal runs only read off a table of "
-                "them (it has no in-graph split yet). Split the loop into shorter loops, or "
-                "use Revolve or the default schedule."
+                "them (its leaf sizes have no in-graph split rule: a data_size below 1 or "
+                "fractional). Use a whole data_size, shorter loops, or Revolve."
             )
         if rows is None:
             if length >= CAP:

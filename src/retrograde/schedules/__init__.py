@@ -32,7 +32,7 @@ from ._base import (
     schedule_stream,
 )
 from ._default import default_schedule, default_snapshots
-from ._mixed import Mixed, mixed_optimum, mixed_split
+from ._mixed import Mixed, band_rule_applies, mixed_optimum, mixed_split
 from ._multilevel import MultiLevel
 from ._online import (
     Online,
@@ -95,6 +95,7 @@ __all__ = [
     "MultiLevel",
     "Mixed",
     "mixed_optimum",
+    "band_rule_applies",
     "mixed_split",
     "default_schedule",
     "default_snapshots",
