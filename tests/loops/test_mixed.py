@@ -61,26 +61,30 @@ def test_test_schedules_are_valid(n):
         assert stats.linearized > 0 or n < 3 or schedule == BinomialData(1, 3)
 
 
+def _machine_actions(tables, rule):
+    """The in-graph machine's actions (by ``rule``) after the forward sweep of ``tables``, and
+    their count with ``DONE``."""
+    steps, slots, count = tables.held
+    acts, _, k = _run(
+        tables.n_slots,
+        jnp.asarray(steps),
+        jnp.asarray(slots),
+        count,
+        tables.length,
+        True,
+        False,
+        rule,
+    )
+    return np.asarray(acts), int(k)
+
+
 def test_machine_data_leaves_are_its_twins():
     """With a rule making ``DATA`` leaves, the in-graph machine emits exactly the rows its Python
     twin writes when tracing."""
     for schedule, n in ((BinomialData(3, 3), 57), (BinomialData(5, 2), 20)):
         tables = _tables.tables_for(schedule, n)
-        steps, slots, count = tables.held
-        acts, _, k = (
-            np.asarray(v)
-            for v in _run(
-                tables.n_slots,
-                jnp.asarray(steps),
-                jnp.asarray(slots),
-                count,
-                n,
-                True,
-                False,
-                data_rule(schedule),
-            )
-        )
-        k = int(k) - 1
+        acts, k = _machine_actions(tables, data_rule(schedule))
+        k = k - 1
         assert tables.rows.tolist() == acts[:k].tolist(), (schedule, n)
         assert tables.data_rows == schedule.leaf - 1
 
@@ -408,21 +412,8 @@ def test_mixed_on_the_in_graph_machine(monkeypatch):
     rows; a fractional data size (no band rule) is refused there, saying what to do."""
     for schedule, n in ((rs.Mixed(4), 57), (rs.Mixed(5, 2.0), 40), (rs.Mixed(3.5, 1.0), 25)):
         tables = _tables.tables_for(schedule, n)
-        steps, slots, count = tables.held
-        acts, _, k = (
-            np.asarray(v)
-            for v in _run(
-                tables.n_slots,
-                jnp.asarray(steps),
-                jnp.asarray(slots),
-                count,
-                n,
-                True,
-                False,
-                tables.rule,
-            )
-        )
-        assert acts[: int(k) - 1].tolist() == tables.rows.tolist(), schedule
+        acts, k = _machine_actions(tables, tables.rule)
+        assert acts[: k - 1].tolist() == tables.rows.tolist(), schedule
     schedule, n = rs.Mixed(4), 57
     stats = rs.simulate(schedule, n)
     monkeypatch.setattr(_tables, "ROW_LIMIT", 0)
