@@ -33,11 +33,11 @@ from retrograde.loops._body import Body
 
 from . import _problems as P
 from ._mixed_schedules import BinomialData, DataLeaves, DataOnline, data_rule, online_data_rule
+from .test_counts import ARGS, CALLS, _count
 from .test_machine import _run, machine_stats
 from .test_scan import _transforms_program, _transforms_reference
 
 RTOL = 1e-12
-CALLS: list[int] = []
 
 
 # ----------------------------------------------------------------------------- the test schedules
@@ -164,14 +164,6 @@ def _count_loss(schedule, n, theta, u0):
     return jnp.sum(u**2) + jnp.sum(ys**2)
 
 
-def _count(fun, *args) -> int:
-    CALLS.clear()
-    jax.block_until_ready(fun(*args))
-    jax.effects_barrier()
-    return len(CALLS)
-
-
-ARGS = (jnp.float64(0.7), jnp.array([0.2, -0.3, 0.5]))
 COUNTED = [DataLeaves(3, 4), DataLeaves(2, 3, False), BinomialData(3, 3)]
 
 
