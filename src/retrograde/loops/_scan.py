@@ -199,8 +199,8 @@ def mixed_default(body, length: int, revolve):
     except ValueError:  # more macro-actions than the rows allow (no in-graph split yet)
         return revolve
     lin = residuals.linearization(body, *residuals.every_float(body))
-    pool = _pool.plan(body, tables, lin.stored_avals)
-    if pool is None or pool.rest or _pool.rows(body, tables) > tables.n_slots:
+    pool = _pool.plan(body, tables, lin.stored_avals, rows=tables.n_slots)
+    if pool is None or pool.rest:  # some data would not share Revolve's rows
         return revolve
     return mixed
 
