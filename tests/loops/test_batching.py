@@ -249,7 +249,8 @@ def test_while_batched_predicate_mixes():
         ref = jax.vmap(functools.partial(run, jax.lax.while_loop), in_axes)(*args)
         assert_close(ours, ref, 1e-12)
     g = jax.vmap(jax.grad(lambda s, lim: run(retrograde.while_loop, lim, s)[1]), (None, 0))
-    assert_close(g(1.1, limits), limits * 1.1 ** (limits - 1.0), 1e-12)
+    n = limits.astype(jnp.float64)  # explicit: the file also runs with strict promotion
+    assert_close(g(1.1, limits), n * 1.1 ** (n - 1.0), 1e-12)
 
 
 # A parameter's cotangent under vmap: summed over the batch inside each step (issue 33).
