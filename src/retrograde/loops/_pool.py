@@ -136,9 +136,28 @@ def write(pool: Pool, slots, level, i, data) -> list:
         buf = slots[h]
         start = (level * p + i * q).astype(i32)
         piece = vary_as(row[at : at + q], core.typeof(buf))
-        slots[h] = lax.dynamic_update_slice(buf.reshape(-1), piece, (start,)).reshape(buf.shape)
+        slots[h] = _write_span(buf, start, piece, p)
         at += q
     return slots
+
+
+def _write_span(buf, start, piece, p: int):
+    """``buf`` (rows of ``p`` elements) with ``piece`` at element ``start`` of its flattening.
+
+    Written through a window of whole rows along the leading axis, so that XLA updates the
+    buffer in place: a write into ``buf.reshape(-1)`` inside a loop makes XLA copy the whole
+    buffer at every trip. The window covers the rows the piece spans: ``q / p`` rows when ``p``
+    divides ``q`` (then ``start`` is a multiple of ``p`` and nothing is read), else
+    ``ceil(q / p) + 1`` rows, read, updated and written back."""
+    q, n_rows = piece.shape[0], buf.shape[0]
+    if q % p == 0:
+        rows = piece.reshape((q // p, *buf.shape[1:]))
+        return lax.dynamic_update_slice_in_dim(buf, rows, start // p, 0)
+    width = min(q // p + 2, n_rows)
+    first = jnp.clip(start // p, 0, n_rows - width)
+    window = lax.dynamic_slice_in_dim(buf, first, width, 0).reshape(-1)
+    window = lax.dynamic_update_slice(window, piece, (start - first * p,))
+    return lax.dynamic_update_slice_in_dim(buf, window.reshape((width, *buf.shape[1:])), first, 0)
 
 
 def read(pool: Pool, slots, level, i):
