@@ -219,29 +219,63 @@ def test_mixed_gradient_count_and_gradient(schedule, n):
     P.assert_close(grad(*ARGS), ref, RTOL, f"{schedule} gradient")
 
 
-def test_default_schedule_is_mixed_where_the_data_fit_a_state():
-    """``schedule=None``: ``Mixed(s, 1.0)`` with the default slots where a step keeps one state
-    of data (``cos(0.5 u)``), so about ``2N`` evaluations instead of ``3N`` in the same memory;
-    ``Revolve(s)`` where a differentiated parameter makes it two (``u`` as well)."""
+@jax.custom_jvp
+def _solve(u):
+    """``w`` with ``w + exp(w) = u``, elementwise, by Newton's method: a forward whose data (the
+    derivative ``1 / (1 + exp(w))``) needs all of it."""
+    return jax.lax.fori_loop(0, 8, lambda _, w: w - (w + jnp.exp(w) - u) / (1 + jnp.exp(w)), u / 2)
+
+
+@_solve.defjvp
+def _solve_jvp(primals, tangents):
+    w = _solve(primals[0])
+    return w, tangents[0] / (1 + jnp.exp(w))
+
+
+def test_default_schedule_is_mixed_where_it_does_less_work():
+    """``schedule=None``: ``Mixed(s, d)`` with the default slots and the measured data size
+    ``d`` where its estimated work is within ``MIXED_MARGIN`` of Revolve's: for an implicit
+    step (a recorded step solves again: its data need the whole forward) with one state of
+    data, about ``2N`` evaluations instead of ``3N`` in the same memory; ``Revolve(s)`` for
+    ``u + 0.01 sin(0.5 u)``, whose record computes ``cos`` only (the next state is dead code),
+    so the fewer evaluations would not pay for the data's writes."""
     n = 200
     s = retrograde.loops.default_schedule(n).snapshots
-
-    def loss(theta, u0, scan, fixed):
-        def step(u, _):
-            jax.debug.callback(lambda: CALLS.append(1), ordered=False)
-            return u + 0.01 * jnp.sin((0.5 if fixed else theta) * u), None
-
-        return jnp.sum(scan(step, u0, None, length=n)[0] ** 2)
-
+    steps = {
+        "implicit": (lambda u: u + 0.05 * _solve(u), rs.Mixed(s, 1.0)),
+        "sin": (lambda u: u + 0.01 * jnp.sin(0.5 * u), rs.Revolve(s)),
+    }
     u0 = jnp.linspace(0.1, 1.0, 5)
-    for fixed, schedule in ((True, rs.Mixed(s, 1.0)), (False, rs.Revolve(s))):
-        ours = functools.partial(loss, scan=retrograde.scan, fixed=fixed)
-        grad = jax.jit(jax.grad(ours, argnums=(0, 1)))
+    for name, (f, schedule) in steps.items():
+
+        def loss(u0, scan, f=f):
+            def step(u, _):
+                jax.debug.callback(lambda: CALLS.append(1), ordered=False)
+                return f(u), None
+
+            return jnp.sum(scan(step, u0, None, length=n)[0] ** 2)
+
+        grad = jax.jit(jax.grad(functools.partial(loss, scan=retrograde.scan)))
         relinearized = _tables.tables_for(schedule, n).relinearized
-        assert _count(grad, 0.5, u0) == rs.simulate(schedule, n).evaluations + 1 + relinearized
-        ref = jax.grad(functools.partial(loss, scan=jax.lax.scan, fixed=fixed), argnums=(0, 1))
-        P.assert_close(grad(0.5, u0), ref(0.5, u0), RTOL, f"default {schedule}")
+        assert _count(grad, u0) == rs.simulate(schedule, n).evaluations + 1 + relinearized, name
+        ref = jax.grad(functools.partial(loss, scan=jax.lax.scan))
+        P.assert_close(grad(u0), ref(u0), RTOL, f"default for {name}")
     assert rs.Mixed(s, 1.0).evaluations(n) < 0.7 * rs.simulate(rs.Revolve(s), n).evaluations
+
+
+def test_work_estimates_count_what_each_role_computes():
+    """``Linearization.work``: advancing ``u + 0.01 sin(0.5 u)`` (5 elements) computes ``0.5 u``,
+    ``sin``, ``0.01 *`` and ``+``; recording computes ``0.5 u`` and ``cos`` (the residual) and
+    the linear part (three products and a sum); linearizing both the next state and the
+    residual (``0.5 u`` once); a transcendental counts ``TRANSCENDENTAL_WEIGHT`` operations per
+    element."""
+    closed = jax.make_jaxpr(lambda u, _: (u + 0.01 * jnp.sin(0.5 * u), None))(jnp.ones(5), None)
+    body = Body(closed, 0, 1, 0)
+    work = _residuals.linearization(body, (), (True,), ()).work()
+    t = _residuals.TRANSCENDENTAL_WEIGHT
+    assert work == _residuals.Work(
+        advance=5 * (3 + t), record=5 * (1 + t) + 20, linearize=5 * (3 + 2 * t), transpose=20
+    )
 
 
 def test_hvp_count():

@@ -91,6 +91,22 @@ class Linearization:
         for i in self._stored_at:
             self._first.setdefault(self.sources[i].at, i)
 
+    def work(self) -> Work:
+        """What the step's roles compute, estimated from the jaxprs (:func:`jaxpr_work`):
+        equations that only read the consts are not counted (computed once per sweep)."""
+        jaxpr = self.known.jaxpr
+        outs = jaxpr.outvars
+        carry, res = outs[: self.nk], outs[self.n_out :]
+        stored = [outs[self.n_out + i] for i in self._stored_at]
+        varying = _varying(jaxpr, self.nc)
+        advance = jaxpr_work(jaxpr, carry, varying)
+        return Work(
+            advance=advance,
+            record=jaxpr_work(jaxpr, res, varying) + jaxpr_work(self.linear.jaxpr),
+            linearize=jaxpr_work(jaxpr, [*carry, *stored], varying),
+            transpose=jaxpr_work(self.linear.jaxpr),
+        )
+
     def invariants(self, consts) -> list:
         """The loop-invariant residuals (from the consts alone): computed once per sweep."""
         return list(self._run_invariant(*consts[: self.nc]))
@@ -128,12 +144,7 @@ def _classify(known, nc: int, nk: int, n_out: int):
     jaxpr = known.jaxpr
     invars = jaxpr.invars
     position = {v: i for i, v in enumerate(invars)}
-    # Variables that change from step to step: the carry and x inputs, and whatever an equation
-    # computes from them or with an effect (a callback's result is never hoisted).
-    varies = set(invars[nc:])
-    for eqn in jaxpr.eqns:
-        if eqn.effects or any(isinstance(v, jex_core.Var) and v in varies for v in eqn.invars):
-            varies.update(eqn.outvars)
+    varies = _varying(jaxpr, nc)
     sources: list[Source] = []
     invariant: list = []
     stored: list = []
@@ -151,6 +162,79 @@ def _classify(known, nc: int, nk: int, n_out: int):
                 stored.append(v)
             sources.append(Source(STORED, stored.index(v)))
     return sources, _slice(known, invariant, nc), stored
+
+
+def _varying(jaxpr, nc: int) -> set:
+    """Variables that change from step to step: the carry and x inputs (after the ``nc``
+    consts), and whatever an equation computes from them or with an effect (a callback's result
+    is never hoisted)."""
+    varies = set(jaxpr.invars[nc:])
+    for eqn in jaxpr.eqns:
+        if eqn.effects or any(isinstance(v, jex_core.Var) and v in varies for v in eqn.invars):
+            varies.update(eqn.outvars)
+    return varies
+
+
+class Work(NamedTuple):
+    """Estimated work of one step in each role (:func:`jaxpr_work` units): ``advance`` (the
+    next state only), ``record`` (the residuals, then the transpose: a recorded step's next
+    state is dead code), ``linearize`` (the next state and the stored residuals) and
+    ``transpose`` (the VJP from stored residuals)."""
+
+    advance: float
+    record: float
+    linearize: float
+    transpose: float
+
+
+# Elementwise primitives that cost many arithmetic operations per element.
+_TRANSCENDENTAL = frozenset(
+    "sin cos tan asin acos atan atan2 sinh cosh tanh asinh acosh atanh exp exp2 log log1p expm1 "
+    "logistic pow erf erfc erf_inv lgamma digamma igamma igammac bessel_i0e bessel_i1e "
+    "random_gamma_grad polygamma zeta".split()
+)
+TRANSCENDENTAL_WEIGHT = 10
+
+
+def jaxpr_work(jaxpr, outvars=None, counted=None) -> float:
+    """A static estimate of the arithmetic of ``jaxpr`` (a ``Jaxpr``) for ``outvars`` (all its
+    outputs by default): the equations they need (dead code is not counted) and, with
+    ``counted`` (a set of variables), only those whose outputs are in it. Per equation: the
+    elements of its outputs, times :data:`TRANSCENDENTAL_WEIGHT` for transcendental functions,
+    ``2 K`` for a ``dot_general`` contracting ``K`` elements per output; a ``scan`` counts its
+    body ``length`` times, a ``while`` loop once (its trip count is unknown), a ``cond`` its
+    largest branch, and a call (``pjit``, ``custom_jvp_call``, ...) what it calls."""
+    if outvars is None:
+        outvars = jaxpr.outvars
+    needed = {v for v in outvars if isinstance(v, jex_core.Var)}
+    total = 0.0
+    for eqn in reversed(jaxpr.eqns):
+        if not any(v in needed for v in eqn.outvars) and not eqn.effects:
+            continue
+        needed.update(v for v in eqn.invars if isinstance(v, jex_core.Var))
+        if counted is not None and not any(v in counted for v in eqn.outvars):
+            continue
+        total += _eqn_work(eqn)
+    return total
+
+
+def _eqn_work(eqn) -> float:
+    name, params = eqn.primitive.name, eqn.params
+    size = sum(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars)
+    if name == "scan":
+        return params["length"] * jaxpr_work(params["jaxpr"].jaxpr)
+    if name == "while":
+        return jaxpr_work(params["body_jaxpr"].jaxpr) + jaxpr_work(params["cond_jaxpr"].jaxpr)
+    if name == "cond":
+        return max(jaxpr_work(b.jaxpr) for b in params["branches"])
+    inner = [p for p in params.values() if isinstance(p, (jex_core.Jaxpr, jex_core.ClosedJaxpr))]
+    if inner:
+        return sum(jaxpr_work(getattr(j, "jaxpr", j)) for j in inner)
+    if name == "dot_general":
+        (contract, _), _ = params["dimension_numbers"]
+        lhs = eqn.invars[0].aval.shape
+        return 2.0 * size * math.prod(lhs[d] for d in contract)
+    return size * (TRANSCENDENTAL_WEIGHT if name in _TRANSCENDENTAL else 1)
 
 
 def _slice(known, outvars, nc: int):

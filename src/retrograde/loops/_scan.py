@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
@@ -179,26 +180,46 @@ def _scan(f, init, xs, length, reverse, unroll, schedule, names: Names):
     return tree_util.tree_unflatten(step.pair, [carry, tree_util.tree_unflatten(step.y_tree, ys)])
 
 
+# Mixed is chosen by default only where its estimated work is at most this fraction of
+# Revolve's: its data rows are written and read, and its leaves have more control.
+MIXED_MARGIN = 0.85
+
+
 def mixed_default(body, length: int, revolve):
-    """The default schedule for ``body``: ``Mixed(s, 1.0)`` with the slots ``s`` of the default
-    ``revolve`` where one step's data (its residuals for a first-order gradient in every float
-    leaf, ``_residuals.data_size``) fit in one state and all share the snapshot buffers
-    (``_pool``), so it takes ``revolve``'s memory, and where it makes fewer evaluations
-    (about ``2N`` against ``3N`` for ``N`` above ``s + 1``); else ``revolve``. ``O(N)`` when
-    tracing (the tables' rows); a ``Mixed`` reversal longer than its rows allow stays Revolve's.
+    """The default schedule for ``body``: ``Mixed(s, d)`` with the slots ``s`` of the default
+    ``revolve`` and ``d`` the measured data of one step (its residuals for a first-order
+    gradient in every float leaf, ``_residuals.data_size``, rounded up to whole states), where
+    all its data share the snapshot buffers (``_pool``), so it takes ``revolve``'s memory, and
+    where it does less work; else ``revolve``.
+
+    Work is estimated from the step's jaxprs (``_residuals.Linearization.work``: ``A`` to
+    advance, ``R`` to record, ``L`` to linearize, ``T`` to transpose from data), with ``E`` the
+    evaluations of each schedule: Revolve's ``(E_r - N) A + N R`` against at most
+    ``(E_m - N) A + N (L + T)`` for ``Mixed`` (every reversed step linearized), which must be
+    within :data:`MIXED_MARGIN` of it. A recorded step computes only what its VJP needs, so
+    ``Mixed``'s fewer evaluations pay where the residuals cost about what the step does (an
+    implicit solve, a step whose derivative needs its whole forward), not where they are a
+    small part of it. ``O(N)`` when tracing (the tables' rows); a ``Mixed`` reversal longer
+    than its rows allow and without an in-graph split stays Revolve's.
     """
     if not isinstance(revolve, Revolve) or length < 3 or not any(body.stored):
         return revolve
-    if not 0 < residuals.data_size(body) <= 1:
+    d = residuals.data_size(body)
+    if not 0 < d <= revolve.snapshots:
         return revolve
-    mixed = Mixed(revolve.snapshots, 1.0)
-    if mixed.evaluations(length) >= revolve_optimum(length, revolve.snapshots) + length:
+    mixed = Mixed(revolve.snapshots, float(math.ceil(d - 1e-9)))
+    lin = residuals.linearization(body, *residuals.every_float(body))
+    work = lin.work()
+    e_m = mixed.evaluations(length)
+    e_r = revolve_optimum(length, revolve.snapshots) + length
+    ours = (e_m - length) * work.advance + length * (work.linearize + work.transpose)
+    theirs = (e_r - length) * work.advance + length * work.record
+    if e_m >= e_r or ours > MIXED_MARGIN * theirs:
         return revolve
     try:
         tables = tables_for(mixed, length)
-    except ValueError:  # more macro-actions than the rows allow (no in-graph split yet)
+    except ValueError:  # more macro-actions than the rows allow (no in-graph split)
         return revolve
-    lin = residuals.linearization(body, *residuals.every_float(body))
     pool = _pool.plan(body, tables, lin.stored_avals, rows=tables.n_slots)
     if pool is None or pool.rest:  # some data would not share Revolve's rows
         return revolve
