@@ -13,7 +13,9 @@ Neither is optimal; both are proven valid by the simulator in the tests.
   machine's, in the graph or read off a table; its ``actions(N)`` are the Python twin's rows
   expanded (``tests/loops/test_machine.py::expand``).
 - :class:`DataOnline`: ``Online``'s placement, with a rule making the segments of at most
-  ``leaf`` steps between its snapshots ``DATA`` leaves (``while_loop``).
+  ``leaf`` steps between its snapshots ``DATA`` leaves (``while_loop``), in data rows of their
+  own (its rule does not pool them; the public ``Online(s, data_size=d)`` does:
+  ``tests/loops/test_mixed_while.py``).
 """
 
 from __future__ import annotations

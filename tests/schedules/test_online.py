@@ -1,4 +1,5 @@
-"""Online(snapshots): validity, slot bound, cost against the offline optimum, protocol errors."""
+"""Online(snapshots): validity, slot bound, cost against the offline optimum, protocol errors;
+Online(snapshots, data_size=d): each segment reversed by mixed checkpointing."""
 
 from __future__ import annotations
 
@@ -11,16 +12,22 @@ from hypothesis import strategies as st
 from retrograde.schedules import (
     End,
     Free,
+    Level,
+    Mixed,
     Online,
     OnlineSchedule,
     Record,
+    Restore,
     Store,
     beta,
+    online_decisions,
     online_store_slot,
     online_targets,
     online_totals,
     repetition_number,
+    reverse_held_mixed,
     revolve_optimum,
+    schedule_stream,
     segment_cost,
     simulate,
 )
@@ -235,3 +242,76 @@ def test_default_for_an_unknown_step_count():
     assert default_schedule(None, online=True) == Online(16)
     with pytest.raises(ValueError, match="online=True"):
         default_schedule(None)
+
+
+# ----------------------------------------------------------------------------- mixed reversal
+
+MIXED_CASES = [(1, 1), (2, 1), (4, 1), (6, 2), (5, 0.5), (4, 1.5), (3, 4), (7, 3)]
+
+
+def _held_after(s: int, n: int) -> list[int]:
+    held = [-1] * s
+    for step, k in enumerate(online_decisions(s, n) if n else ()):
+        if k >= 0:
+            held[k] = step
+    return held
+
+
+@pytest.mark.parametrize("s, d", MIXED_CASES)
+def test_mixed_reversal_is_valid_and_never_worse(s, d):
+    """``Online(s, data_size=d)``: valid for every ``N <= 120`` (the simulator checks the
+    weighted budget ``states + d * data <= s``), every step recorded or reversed once, its
+    evaluations ``N`` plus each segment's ``Mixed(s - i, d)`` optimum (the docstring's formula),
+    at most ``Online(s)``'s, and equal when no step's data fits (``d > s``)."""
+    schedule = Online(s, data_size=d)
+    for n in range(121):
+        stats = simulate(schedule, n)
+        plain = simulate(Online(s), n)
+        assert stats.recorded + stats.reversed == n
+        assert stats.peak_memory[0] <= s
+        held = sorted(p for p in _held_after(s, n) if p >= 0) + [n]
+        formula = n + sum(
+            Mixed(s - i, d).evaluations(held[i + 1] - held[i]) for i in range(len(held) - 1)
+        )
+        assert stats.evaluations == formula, n
+        assert stats.evaluations <= plain.evaluations, n
+        if d > s:
+            assert stats.evaluations == plain.evaluations
+            assert stats.linearized == 0
+
+
+def test_mixed_reversal_saves_and_default_is_online():
+    """At ``N = 1000``, ``s = 16``, data of one state: 3035 evaluations against ``Online``'s 3866
+    (``Mixed(16)`` offline: 3015). ``data_size=None`` streams exactly ``Online(s)``'s actions."""
+    assert simulate(Online(16, data_size=1), 1000).evaluations == 3035
+    assert simulate(Online(16), 1000).evaluations == 3866
+    for n in (0, 1, 5, 77):
+        assert list(schedule_stream(Online(5, data_size=None), n)) == list(
+            schedule_stream(Online(5), n)
+        )
+    assert Online(5, data_size=None) == Online(5)
+
+
+def test_mixed_reversal_matches_reverse_held_mixed():
+    """The run's reversal is :func:`reverse_held_mixed` of the held set; each segment's actions
+    restore its start from the slot ``Online`` placed it in."""
+    s, n = 4, 40
+    run = Online(s, data_size=1).start()
+    for step in range(n):
+        run.on_step(step)
+    held = _held_after(s, n)
+    assert list(run.reverse(n)) == list(reverse_held_mixed(held, n, Mixed(s, 1)))
+    first = next(iter(reverse_held_mixed(held, n, Mixed(s, 1))))
+    assert first == Restore(max(held), held.index(max(held)), 0)
+
+
+def test_mixed_reversal_arguments():
+    assert repr(Online(4, data_size=2)) == "Online(snapshots=4, data_size=2)"
+    assert Online(4, data_size=2).levels[0].slots == 4 + 2
+    assert Online(4, data_size=2).memory_budget == 4
+    with pytest.raises(ValueError, match="one level; drop slow="):
+        Online(4, slow=Level(8, storage="host"), data_size=1)
+    with pytest.raises(ValueError, match="data_size"):
+        Online(4, data_size=0)
+    with pytest.raises(ValueError, match="state slots"):
+        list(reverse_held_mixed([0, 3], 5, Mixed(3)))

@@ -17,13 +17,21 @@ When no step's data fits the budget (``leaf_size(0) == 1``), ``Mixed`` is Revolv
 is :data:`._machine.REVOLVE`. Past ``_tables.ROW_LIMIT`` rows the machine splits in the graph
 by the band rule (:mod:`._mixed_rule`, every whole ``data_size``); leaf sizes without one (a
 fractional ``data_size``, or more than ``MAX_LEVELS`` states) run only as rows.
+
+``Online(s, data_size=d)`` in ``while_loop`` (:func:`online_rule`) is ``Mixed(s, d)``'s rule
+on the segments between the snapshots ``Online`` placed: segment ``i`` (last first) has its own
+slot and the ``S - 1 - i`` free ones, so it is a task at level ``i``, reversed by the tree at that
+level (:meth:`~retrograde.schedules.Mixed.reverse_stored`). Its rows are permuted first so that
+the held snapshots are in slots ``0, 1, ...`` in step order (:func:`._pool.held_first`); the
+step count is known only when the loop ends, so the machine splits in the graph, by the band
+rule.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..schedules import Mixed, band_rule_applies
+from ..schedules import Mixed, Online, band_rule_applies
 from . import _machine as machine
 from ._mixed_rule import MAX_LEVELS
 from ._mixed_rule import split as band_split
@@ -65,6 +73,25 @@ def mixed_rule(schedule: Mixed) -> machine.Rule:
         pooled=lambda level: leaves[min(level, top)] - 1,
         relinearized=lambda stores, n: _relinearized(schedule, stores, n),
     )
+
+
+def online_rule(schedule: Online) -> machine.Rule:
+    """The machine's rule for the segments between ``schedule``'s snapshots in ``while_loop``:
+    ``Mixed(snapshots, data_size)``'s (:func:`mixed_rule`), Revolve's without ``data_size`` or
+    when no step's data fits. Raises if the leaf sizes have no in-graph split rule."""
+    tree = schedule.mixed
+    if tree is None:
+        return machine.REVOLVE
+    rule = mixed_rule(tree)
+    if rule.split is None:
+        raise ValueError(
+            f"schedule={schedule!r}: a while loop reverses by a split rule in the compiled "
+            "program (its step count is known only when it stops), which these leaf sizes do "
+            f"not have (a data_size below 1 or fractional, or more than {MAX_LEVELS} "
+            "snapshots). Use a whole data_size (1, 2, ...: rounding up reserves more memory "
+            "per step's data), or fewer snapshots."
+        )
+    return rule
 
 
 def _relinearized(schedule: Mixed, stores, n: int) -> int:

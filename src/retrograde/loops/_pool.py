@@ -24,7 +24,7 @@ not fit int32 offsets.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import jax.numpy as jnp
 from jax import lax
@@ -32,11 +32,37 @@ from jax import lax
 from .._jax_private import core
 from . import _residuals as residuals
 from ._body import Body
+from ._machine import Rule, argsort
 from ._slots import stacked_sharding, vary_as, varying_axes
-from ._tables import Tables
 
 i32 = jnp.int32
 _OFFSET_LIMIT = 2**31 - 1
+
+
+class Reversal(Protocol):
+    """What the pool needs of a loop's reversal: a :class:`._tables.Tables`, or a while
+    loop's :class:`MachinePlan`."""
+
+    @property
+    def n_slots(self) -> int: ...  # the machine's slots
+
+    @property
+    def data_rows(self) -> int: ...  # the most data rows a leaf fills
+
+    @property
+    def rule(self) -> Rule: ...
+
+
+class MachinePlan(NamedTuple):
+    """A while loop's reversal (:class:`Reversal`): the machine with ``n_slots`` slots and
+    ``rule``, after ``Online``'s placement."""
+
+    n_slots: int
+    rule: Rule
+
+    @property
+    def data_rows(self) -> int:
+        return self.rule.data_rows(self.n_slots)
 
 
 class Pool(NamedTuple):
@@ -71,7 +97,7 @@ def _hosts(body: Body):
     return tuple(i for i, a in enumerate(avals) if a.dtype == dtype and a.size)
 
 
-def _rows_needed(tables: Tables, pool: Pool) -> int:
+def _rows_needed(tables: Reversal, pool: Pool) -> int:
     need = tables.n_slots
     for p, q in zip(pool.p, pool.q):
         most = max(k * p + tables.rule.pooled(k) * q for k in range(tables.n_slots + 1))
@@ -79,7 +105,7 @@ def _rows_needed(tables: Tables, pool: Pool) -> int:
     return need
 
 
-def plan(body: Body, tables: Tables, stored_avals, rows: int | None = None) -> Pool | None:
+def plan(body: Body, tables: Reversal, stored_avals, rows: int | None = None) -> Pool | None:
     """The pool of a sweep whose data are ``stored_avals`` (one step's), in snapshot buffers of
     ``rows`` rows (``None``: as many as it needs): the residuals of the hosts' dtype, the first
     ones that fit (an HVP's sweep keeps more data per state than the gradient the rows were
@@ -116,7 +142,7 @@ def _cut(pooled, n_stored: int, hosts, p, stored_avals) -> Pool:
     return Pool(pooled, rest, hosts, p, tuple(q))
 
 
-def rows(body: Body, tables: Tables) -> int:
+def rows(body: Body, tables: Reversal) -> int:
     """Rows of the snapshot buffers of ``body``'s loop: the machine's slots, and more where a
     ``DATA`` leaf's data (a first-order gradient's: every float leaf differentiated) share
     them (:func:`plan`)."""
@@ -181,3 +207,32 @@ def merge(pool: Pool, pooled_row, rest: list, avals) -> list:
     for j, v in zip(pool.rest, rest):
         out[j] = v
     return out
+
+
+def held_first(slots, held):
+    """The snapshot buffers ``slots`` with their rows permuted so that the held steps (``held``:
+    int32[S], the step in each row, ``-1`` empty) lie in rows ``0 .. m - 1`` in ascending
+    order, the empty rows after them; and ``held`` so permuted. In place: a loop of ``S`` row
+    swaps, each through two rows of temporary (``4 S`` row copies), so no second buffer is
+    allocated (``tests/loops/test_mixed_while.py`` checks the temp memory)."""
+    s = held.shape[0]
+    order = argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held))  # row j gets order[j]
+    iota = jnp.arange(s, dtype=i32)
+
+    def swap(buf, j, k):
+        # One gather of both rows and one scatter: XLA updates the loop's buffer in place (two
+        # dynamic-slice reads and two updates made it copy the buffer).
+        both = jnp.stack([j, k])
+        return buf.at[both[::-1]].set(buf[both])
+
+    def one(j, st):
+        bufs, at, where = st  # at[r]: the original row now in row r; where: its inverse
+        k = where[order[j]]  # where row j's content is now (k >= j)
+        bufs = [swap(b, j, k) for b in bufs]
+        moved = at[j]
+        at = at.at[j].set(order[j]).at[k].set(moved)
+        where = where.at[order[j]].set(j).at[moved].set(k)
+        return bufs, at, where
+
+    bufs, _, _ = lax.fori_loop(0, s, one, (list(slots), iota, iota))
+    return bufs, held[order]

@@ -183,7 +183,7 @@ class StepRunner:
         dk = tuple(f and not next(held) for f in self.fk)
         return residuals.linearization(self.body, tuple(self.fc), dk, tuple(self.fx), self.batched)
 
-    def data_rows(self, n_rows: int, deps, tables: Tables | None = None, slots=()) -> list:
+    def data_rows(self, n_rows: int, deps, tables: _pool.Reversal | None = None, slots=()) -> list:
         """``n_rows`` data rows of each stored residual (zeros tied to ``deps``, as slots are:
         :func:`._slots.zeros_after`), but of those that share the snapshot buffer ``slots``
         (given ``tables`` whose rule pools them, :mod:`._pool`); computes the loop-invariant
@@ -519,8 +519,17 @@ def adjoint_while(
         steps.off.close()  # the last read of the store: release it
         return cbar, kbar
 
+    # A rule that takes slots lowest first keeps its data in the free snapshot rows (_pool)
+    # once the held snapshots are moved to rows 0, 1, ... in step order.
+    pooled = rule.pooled is not None and rule.data_rows(n_slots) > 0
+
     def sweep(slots, held):
+        if pooled:
+            slots, held = _pool.held_first(slots, held)
+
         def ascending():
+            if pooled:
+                return held, jnp.arange(n_slots, dtype=i32), jnp.sum(held >= 0, dtype=i32)
             order = machine.argsort(jnp.where(held < 0, jnp.iinfo(jnp.int32).max, held))
             return held[order], order, jnp.sum(held >= 0, dtype=i32)
 
@@ -529,7 +538,12 @@ def adjoint_while(
         )
         data = []
         if source.with_data:
-            data = steps.data_rows(rule.data_rows(n_slots), [*carry_bar, *carry0])
+            deps = [*carry_bar, *carry0]
+            if pooled:
+                plan = _pool.MachinePlan(n_slots, rule)
+                data = steps.data_rows(plan.data_rows, deps, plan, slots)
+            else:
+                data = steps.data_rows(rule.data_rows(n_slots), deps)
         kbar, cbar, _ = reverse(
             steps, source, body.snapshot(carry0), slots, carry_bar, consts_bar, [], data, n_steps
         )

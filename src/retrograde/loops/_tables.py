@@ -475,10 +475,11 @@ def _merge_moves(rows):
 
 
 def _register_mixed() -> None:
-    from ..schedules import Mixed
-    from ._mixed_machine import mixed_rule
+    from ..schedules import Mixed, Online
+    from ._mixed_machine import mixed_rule, online_rule
 
     register_rule(Mixed, mixed_rule)
+    register_rule(Online, online_rule)
 
 
 _register_mixed()

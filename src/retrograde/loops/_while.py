@@ -47,6 +47,7 @@ from ._forward_sweep import forward_while
 from ._offload import stored_effects, unread_snapshots_dce
 from ._offload_runs import release_with
 from ._primitives import LoopPlan, carry_fixpoint, zero
+from ._tables import machine_rule
 from ._tan_p import apply_tangent
 
 T = TypeVar("T")
@@ -173,7 +174,12 @@ def while_loop(
             number of steps actually taken (see ``benchmarks/schedules.py``). ``Online(snapshots,
             slow=Level(h, storage="host"))`` (or ``"disk"``) places up to ``h`` snapshots in host
             RAM (or a temporary file) and reverses each segment between them with ``snapshots``
-            device slots (``docs/offload.md``).
+            device slots (``docs/offload.md``). ``Online(snapshots, data_size=d)`` (``d``: one
+            step's adjoint data in states, a whole number) reverses each segment by mixed
+            checkpointing (``Mixed(snapshots, d)``'s tree at its level, ``docs/mixed.md``): never
+            more evaluations than ``Online(snapshots)`` in the same temporary memory, the data of
+            short segments written into the free snapshot rows (what does not fit there, e.g. an
+            HVP's larger data, in rows of its own).
         max_steps: optional cap on the number of steps (as in diffrax).
         buffers: optional ``val -> pytree`` selecting leaves of ``val`` (the same objects) that
             are write-only buffers, e.g. saved outputs: each step may write them
@@ -236,6 +242,11 @@ def named_while_loop(
             "loop the slow level of Online(snapshots, slow=...) must live outside it: give it "
             "storage='host' or storage='disk' (or use Online(snapshots) with more slots)."
         )
+    if schedule.data_size is not None:
+        try:  # the reversal splits in the graph: the leaf sizes need a band rule
+            machine_rule(schedule)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
     if max_steps is not None:
         max_steps = check_steps(max_steps, f"{where}: max_steps")
     if first_order_body_fun is not None and not callable(first_order_body_fun):

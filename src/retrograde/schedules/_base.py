@@ -166,8 +166,9 @@ class Schedule(abc.ABC):  # noqa: B024 - abstract through OfflineSchedule and On
     #: True for schedules that work without knowing the step count in advance.
     online: bool = False
     #: What a slot holding one step's adjoint data (written by ``Linearize``) weighs, in states:
-    #: the simulator's weighted memory counts a state slot as 1 and a data slot as this.
-    data_size: float | Fraction = 1.0
+    #: the simulator's weighted memory counts a state slot as 1 and a data slot as this
+    #: (``None``: the schedule keeps no step data, as ``Online(s)``).
+    data_size: float | Fraction | None = 1.0
     #: The most weighted memory (states, see :attr:`data_size`) the schedule holds on level 0
     #: at once, when that bound is tighter than the level's slot count (``Mixed``); ``None``:
     #: the slot counts are the bound. The simulator raises if a stream exceeds it.

@@ -488,13 +488,40 @@ class Mixed(OfflineSchedule):
         """The tree of the class docstring, depth first, right part first; one generator frame
         with an explicit stack of at most ``S`` pending left parts."""
         n_steps = check_steps(n_steps)
-        if n_steps and not self._banded:
+        if n_steps:
+            yield from self._tree(n_steps, 0, False)
+        yield End()
+
+    def reverse_stored(self, n_steps: int, level: int = 0) -> Iterator[Action]:
+        """Reverse steps ``0 .. n_steps - 1`` from ``u_0`` held in slot ``level`` (not at hand)
+        by the tree at ``level`` (``level`` states held below it, in slots ``0 .. level - 1``,
+        untouched): ``Restore`` ``u_0``, the tree, whose leftmost leaf ``Free`` s slot
+        ``level``; states in slots ``level ..``, data in slots ``state_slots ..``; no ``End``.
+        Evaluations: ``n_steps`` plus the tree's advances at ``level``, those of
+        ``Mixed(snapshots - level, data_size)`` at level 0 (its leaf sizes are this tree's from
+        ``level`` on). The segments between ``Online(s, data_size=...)``'s snapshots are
+        reversed by it.
+
+        Example:
+            >>> from retrograde.schedules import Mixed
+            >>> [type(a).__name__ for a in Mixed(3).reverse_stored(2, level=1)]
+            ['Restore', 'Free', 'Linearize', 'Record', 'Reverse', 'Free']
+        """
+        n = check_steps(n_steps)
+        if n:
+            self.leaf_size(level)  # checks the level
+            yield from self._tree(n, level, True)
+
+    def _tree(self, n_steps: int, level: int, stored: bool) -> Iterator[Action]:
+        """The tree reversing ``n_steps >= 1`` steps at ``level``, from ``u_0`` at hand or
+        (``stored``) in slot ``level``."""
+        if not self._banded:
             self._table_for(n_steps)  # the table once, and its limit before any action
         first_data = self.state_slots
         # A task: (start, n, level, stored): reverse steps start .. start + n - 1 with u_start at
         # hand (after a Restore when stored, in which case u_start is in slot `level`).
         stack: list[tuple[int, int, int, bool]] = []
-        task = (0, n_steps, 0, False) if n_steps else None
+        task: tuple[int, int, int, bool] | None = (0, n_steps, level, stored)
         while task is not None:
             start, n, level, stored = task
             if stored:
@@ -517,4 +544,3 @@ class Mixed(OfflineSchedule):
                 yield Reverse(start + i, first_data + i)
                 yield Free(start + i, first_data + i)
             task = stack.pop() if stack else None
-        yield End()

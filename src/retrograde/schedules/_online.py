@@ -33,9 +33,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterator, Sequence
+from fractions import Fraction
 
-from ._actions import Action, End, Free, Restore, Store
-from ._base import Level, MemorySlots, OnlineRun, OnlineSchedule, check_snapshots, check_steps
+from ._actions import Action, End, Free, Restore, Store, relabel
+from ._base import (
+    Level,
+    MemorySlots,
+    OnlineRun,
+    OnlineSchedule,
+    check_snapshots,
+    check_steps,
+    exact_size,
+)
+from ._mixed import Mixed
 from ._optimum import optimum, repetition
 from ._revolve import reverse_held
 
@@ -45,6 +55,7 @@ __all__ = [
     "online_store_slot",
     "online_targets",
     "online_totals",
+    "reverse_held_mixed",
     "reverse_segments",
     "segment_cost",
     "thinning_slot",
@@ -402,6 +413,53 @@ def reverse_segments(held: Sequence[int], n_steps: int, fast: int) -> Iterator[A
     yield End()
 
 
+class _MixedRun(_OnlineRun):
+    """``Online(s, data_size=d)``: ``Online``'s placement; each segment reversed by ``Mixed``'s
+    tree (:func:`reverse_held_mixed`)."""
+
+    def __init__(self, snapshots: int, tree: Mixed):
+        super().__init__(snapshots)
+        self._tree = tree
+
+    def _reversal(self, held, n_steps):
+        if self._tree.leaf_size(0) == 1:  # no step's data fits: Online's own reversal
+            return reverse_held(held, n_steps)
+        return reverse_held_mixed(held, n_steps, self._tree)
+
+
+def reverse_held_mixed(held: Sequence[int], n_steps: int, tree: Mixed) -> Iterator[Action]:
+    """Reverse ``n_steps`` steps from the snapshots ``held`` (per slot, ``-1`` empty), last
+    segment first, segment ``i`` (``i`` snapshots held below it) by ``tree``'s reversal at level
+    ``i`` (:meth:`Mixed.reverse_stored`) with its own slot and every slot not held by an earlier
+    snapshot, lowest first; data in slots ``len(held), len(held) + 1, ...``. ``tree``: a
+    ``Mixed`` whose state slots are ``len(held)``. Evaluations: ``sum_i (L_i + A(L_i, i))``
+    over the segments' lengths ``L_i`` (``A``: the tree's advances at level ``i``), at most
+    Revolve's ``sum_i (t(L_i, s - i) + L_i)`` (:func:`reverse_held`).
+
+    Example:
+        >>> from retrograde.schedules import Mixed
+        >>> [type(a).__name__ for a in reverse_held_mixed([0, 3, -1], 5, Mixed(3))][:6]
+        ['Restore', 'Free', 'Linearize', 'Record', 'Reverse', 'Free']
+    """
+    s = len(held)
+    if tree.state_slots != s:
+        raise ValueError(
+            f"reverse_held_mixed: tree={tree!r} has {tree.state_slots} state slots, but "
+            f"{s} slots are held; use Mixed({s}, data_size)."
+        )
+    by_step = sorted((p, k) for k, p in enumerate(held) if p >= 0)
+    data = [(0, s + j) for j in range(tree.data_slots)]
+    end = n_steps
+    for i in range(len(by_step) - 1, -1, -1):
+        start, slot = by_step[i]
+        below = [k for _, k in by_step[:i]]
+        free = [k for k in range(s) if k != slot and k not in below]
+        slot_of = [(0, k) for k in [*below, slot, *free]] + data
+        yield from relabel(tree.reverse_stored(end - start, i), start, slot_of)
+        end = start
+    yield End()
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class Online(MemorySlots, OnlineSchedule):
     """Checkpointing for a loop whose step count is unknown until it stops, ``s`` slots.
@@ -413,6 +471,17 @@ class Online(MemorySlots, OnlineSchedule):
     slots: ``min(s, N)``. Memory to generate the actions: ``O(s)``. ``on_step`` costs ``O(1)``
     evaluations of ``t`` when it stores nothing and ``O(s)`` when it stores (the held set's costs
     are cached); the decisions are exactly those of :func:`online_store_slot`.
+
+    **Mixed reversal** (``data_size=d``, in states: what one step's adjoint data weighs, as for
+    :class:`Mixed`): the same placement, and each segment between held snapshots, last first,
+    is reversed by ``Mixed(snapshots, d)``'s optimal tree at its level (segment ``i`` has ``i``
+    snapshots held below it and the other slots free, :func:`reverse_held_mixed`): short
+    segments from their steps' data, which share the budget (at any time ``states + d * data
+    <= snapshots``; the simulator checks it). Cost: ``N`` plain forward, then ``sum_i (L_i +
+    A_d(L_i, i))`` over the segments' lengths ``L_i``, with ``A_d(n, i)`` the tree's advances at
+    level ``i`` (``Mixed(snapshots - i, d).evaluations(n) - n``), at most ``Online``'s ``sum_i
+    (t(L_i, s - i) + L_i)`` for every ``N``, and equal to it when no step's data fits (``d >
+    snapshots``). ``data_size=None`` (the default): Revolve's reversal, as above.
 
     **Two levels** (``slow=Level(h, ...)``, e.g. host RAM or disk for a compiled loop): up to
     ``h`` snapshots are placed on the slow level (level 1) by thinning (:func:`thinning_slot`:
@@ -430,6 +499,8 @@ class Online(MemorySlots, OnlineSchedule):
         snapshots: slots for snapshots, the one holding the initial state included (``>= 1``);
             with ``slow``, the level-0 slots that reverse each segment.
         slow: an optional second, slower level with a slot count, holding the placed snapshots.
+        data_size: ``None``, or the size of one step's adjoint data in states (``> 0``): reverse
+            the segments by mixed checkpointing (not with ``slow``).
 
     Example:
         >>> from retrograde.schedules import Online, simulate, revolve_optimum
@@ -439,9 +510,12 @@ class Online(MemorySlots, OnlineSchedule):
         >>> two = Online(4, slow=Level(32, write_cost=1, read_cost=1, storage="host"))
         >>> simulate(two, 1000).peak_slots
         (4, 32)
+        >>> simulate(Online(16, data_size=1), 1000).evaluations   # Mixed(16): 3015
+        3035
     """
 
     slow: Level | None = None
+    data_size: float | Fraction | None = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -453,18 +527,47 @@ class Online(MemorySlots, OnlineSchedule):
                     "Online(slow=Level(None, ...)): the slow level needs a slot count, e.g. "
                     "Level(64, storage='host'); the online rule fills every slot it has."
                 )
+        if self.data_size is not None:
+            exact_size(self.data_size, "Online(data_size=...)")
+            if self.slow is not None:
+                raise ValueError(
+                    f"Online(snapshots={self.snapshots}, slow=..., data_size="
+                    f"{self.data_size!r}): a mixed reversal runs on one level; drop slow= (or "
+                    "data_size=)."
+                )
 
     def __repr__(self):
         slow = "" if self.slow is None else f", slow={self.slow!r}"
-        return f"Online(snapshots={self.snapshots}{slow})"
+        data = "" if self.data_size is None else f", data_size={self.data_size!r}"
+        return f"Online(snapshots={self.snapshots}{slow}{data})"
+
+    @property
+    def mixed(self) -> Mixed | None:
+        """``Mixed(snapshots, data_size)``, whose tree reverses each segment; ``None`` without
+        ``data_size``."""
+        if self.data_size is None:
+            return None
+        return Mixed(self.snapshots, self.data_size)
+
+    @property
+    def memory_budget(self) -> Fraction | None:  # type: ignore[override]
+        """With ``data_size``, the budget in states (``snapshots``; data weighed as
+        ``data_size``); else ``None``."""
+        return None if self.data_size is None else Fraction(self.snapshots)
 
     @property
     def levels(self) -> tuple[Level, ...]:
+        tree = self.mixed
+        if tree is not None:
+            return (Level(self.snapshots + tree.data_slots, name="memory"),)
         if self.slow is None:
             return super().levels
         return (Level(self.snapshots, name="device"), self.slow)
 
     def start(self) -> OnlineRun:
+        tree = self.mixed
+        if tree is not None:
+            return _MixedRun(self.snapshots, tree)
         if self.slow is None:
             return _OnlineRun(self.snapshots)
         return _TwoLevelRun(self.snapshots, self.slow.slots)

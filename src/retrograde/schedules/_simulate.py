@@ -165,7 +165,7 @@ class Simulator(Executor):
         return cls(
             schedule.levels,
             n_steps,
-            data_size=schedule.data_size,
+            data_size=1 if schedule.data_size is None else schedule.data_size,
             memory_budget=schedule.memory_budget,
         )
 
