@@ -20,8 +20,10 @@ The loss is the mean square of the final carry. For each client and derivative (
 HVP: ``jax.jvp`` of the gradient along a random direction) the loops compared are
 ``jax.lax.scan``, ``lax.scan`` of ``jax.checkpoint(step)``, nested remat (``jax.checkpoint``
 of an inner ``lax.scan`` inside an outer one, sqrt(N) x sqrt(N), ``_common.nested_remat``),
-``retrograde.scan`` with the default schedule and with ``Revolve(s)``, ``s`` the largest whose
-gradient's memory fits the nested remat's (found by compiling; the HVP uses the same ``s``).
+``retrograde.scan`` with the default schedule, with ``Revolve(s)``, ``s`` the largest whose
+gradient's memory fits the nested remat's (found by compiling; the HVP uses the same ``s``), and
+with ``Mixed(s, d)`` at that memory (``d``: one step's data measured from the traced step,
+rounded up to whole states), whose evaluations come near the nested remat's ``2N``.
 
 Columns: step evaluations executed, XLA's temp memory of the compiled derivative, the median
 wall time, its ratio to ``lax.scan``'s and to the nested remat's, the efficiency
@@ -70,7 +72,8 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 import retrograde  # noqa: E402
-from retrograde.schedules import Revolve, simulate  # noqa: E402
+from retrograde.loops import _residuals  # noqa: E402
+from retrograde.schedules import Mixed, Revolve, simulate  # noqa: E402
 
 from _common import (  # noqa: E402
     largest_fitting,
@@ -109,6 +112,7 @@ class Client:
     loss: Callable[[Callable, Any], jax.Array]
     theta: Any
     carry_bytes: int  # the carry the loop holds (all of the batch under vmap)
+    closes_over_theta: bool = False  # the step closes over theta (parameters): data for them
 
 
 def _mean_square(tree):
@@ -162,7 +166,7 @@ def client_rnn(kind, dtype, t, batch=8, hidden=128, inputs=16):
 
     bits = np.dtype(dtype).itemsize * 8
     name = f"equinox {cls.__name__} h = {hidden}, float{bits}, vmap 8, T = {t}"
-    return Client(name, t, loss, params, _nbytes(init))
+    return Client(name, t, loss, params, _nbytes(init), closes_over_theta=True)
 
 
 def client_jaxmd(n, particles=256):
@@ -210,7 +214,7 @@ def make_clients(names, quick):
 
 
 # ------------------------------------------------------------------------------ loops
-def loops(n: int, s_mem: int | None) -> dict[str, tuple[Callable, Any]]:
+def loops(n: int, s_mem: int | None, mixed_mem=None) -> dict[str, tuple[Callable, Any]]:
     """Name -> (drop-in for ``jax.lax.scan``, its schedule or ``None``)."""
     default = retrograde.default_schedule(n)
     out = {
@@ -227,7 +231,23 @@ def loops(n: int, s_mem: int | None) -> dict[str, tuple[Callable, Any]]:
             _ours(Revolve(s_mem)),
             Revolve(s_mem),
         )
+    if mixed_mem is not None:
+        out[f"retrograde {mixed_mem!r}, nested's memory"] = (_ours(mixed_mem), mixed_mem)
     return out
+
+
+def data_size(client) -> float:
+    """One step's data (``_residuals.measure``) for a derivative in ``theta``: in the carry,
+    and in the step's closed-over arrays where those are ``theta`` (the RNN cells' weights)."""
+    sizes = []
+
+    def probe(f, c, xs, length):
+        x = None if xs is None else jax.tree.map(lambda a: a[0], xs)
+        sizes.append(_residuals.measure(f, c, x, consts=client.closes_over_theta))
+        return lax.scan(f, c, xs, length=length)
+
+    jax.eval_shape(lambda th: client.loss(probe, th), client.theta)
+    return sizes[0]
 
 
 def nested_label(n: int) -> str:
@@ -293,8 +313,20 @@ def measure(client, repeats, min_time):
         s_mem = None
     else:
         print(f"  {client.name}: Revolve({s_mem}) fits {nested_name}'s memory", flush=True)
+    # Mixed(s, d) at the nested remat's memory: d the measured data, rounded up to whole states
+    # (planned by the band rule), s the largest that fits.
+    d = float(np.ceil(data_size(client) - 1e-9))
+    s_mixed = largest_fitting(
+        lambda s: grad_of(_ours(Mixed(s, d))), args, budget, client.carry_bytes, most=n
+    )
+    mixed = Mixed(s_mixed, d)
+    if temp_bytes(grad_of(_ours(mixed)), args) > budget:
+        NOTES.append(f"{client.name}: no Mixed(s, {d}) fits {nested_name}'s memory")
+        mixed = None
+    else:
+        print(f"  {client.name}: {mixed!r} fits {nested_name}'s memory", flush=True)
     fns, meta = {"forward": lambda th, v: client.loss(lax.scan, th)}, {}
-    for name, (scan, schedule) in loops(n, s_mem).items():
+    for name, (scan, schedule) in loops(n, s_mem, mixed).items():
         for d, fn in derivatives(client, scan).items():
             fns[d, name] = fn
             meta[d, name] = evaluations(name, schedule, n, d)
@@ -308,7 +340,7 @@ def measure(client, repeats, min_time):
     rows = []
     for d in DERIVATIVES:
         ref = _flat(prepared[d, LAX][1])
-        for name in loops(n, s_mem):
+        for name in loops(n, s_mem, mixed):
             k = (d, name)
             rows.append(
                 dict(
