@@ -481,5 +481,6 @@ def _write(x, i, v, pred):
 
 
 def select(pred, a, b):
-    """``a`` where ``pred`` else ``b``, leaf by leaf (pytrees of the same structure)."""
-    return tree_util.tree_map(lambda x, y: jnp.where(pred, x, y), a, b)
+    """``a`` where ``pred`` else ``b``, leaf by leaf (pytrees of the same structure); a leaf that
+    is the same value on both sides (a register a phase leaves as it is) is not selected."""
+    return tree_util.tree_map(lambda x, y: x if x is y else jnp.where(pred, x, y), a, b)
