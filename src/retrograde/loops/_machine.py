@@ -268,9 +268,7 @@ def leaf_slots(st, with_pairs=False):
     # the p-th from the bottom goes to the free slot fp - 1 - p.
     q, p = r["taken"] - i // 2, i // 2
     seg = _take(st["stack"].slot, r["lbase"] - (q - 1))
-    pairs = where(
-        i % 2 == 0, where(q == 0, r["slot_a"], seg), _take(st["free"], fp - 1 - p)
-    )
+    pairs = where(i % 2 == 0, where(q == 0, r["slot_a"], seg), _take(st["free"], fp - 1 - p))
     return where(r["lkind"] == L_PAIRS, pairs, out)
 
 
