@@ -29,7 +29,7 @@ COST_CAP = 1 << 30
 i32 = jnp.int32
 
 
-def _quot(a, b):
+def nonneg_divmod(a, b):
     """``a // b`` and ``a % b`` for integers ``a >= 0``, ``b > 0``: on JAX arrays one truncating
     division each (``lax.div``, ``lax.rem``: equal to floor division for these signs, without
     the sign corrections of ``jnp.floor_divide``); on Python or NumPy integers ``//``, ``%``."""
@@ -45,8 +45,8 @@ def next_beta(b, s, q, minimum=jnp.minimum):
     """beta(s, q) from beta(s, q - 1) = b, exactly, saturating at CAP (``minimum=min`` for
     Python integers)."""
     b = minimum(b, CAP)
-    whole, part = _quot(b, q)
-    return minimum(whole * (s + q) + _quot(part * (s + q), q)[0], CAP)
+    whole, part = nonneg_divmod(b, q)
+    return minimum(whole * (s + q) + nonneg_divmod(part * (s + q), q)[0], CAP)
 
 
 def repetition(n, s):
@@ -177,8 +177,8 @@ def _optimum_loop(n, s):
 def _choose(b, s, r):
     """``C(s + r, s + 1) = beta(s, r) r / (s + 1)`` from ``b = beta(s, r)``, without overflow
     (NumPy or JAX integer arrays)."""
-    whole, part = _quot(b, s + 1)
-    return whole * r + _quot(part * r, s + 1)[0]
+    whole, part = nonneg_divmod(b, s + 1)
+    return whole * r + nonneg_divmod(part * r, s + 1)[0]
 
 
 def _finish(n, s, r, c):
@@ -187,7 +187,7 @@ def _finish(n, s, r, c):
     general = jnp.minimum(r * n - c, COST_CAP)
     # n (n - 1) / 2 with the even factor halved first (no int32 overflow below the cap).
     # (For odd n >= 1, (n - 1) // 2 = n // 2; n <= 1 reads none of this.)
-    halved, odd = _quot(n, 2)
+    halved, odd = nonneg_divmod(n, 2)
     half = jnp.where(odd == 0, halved * (n - 1), n * halved)
     one = jnp.where(n > 46341, COST_CAP, jnp.minimum(half, COST_CAP))
     return jnp.where(n <= 1, 0, jnp.where(s == 1, one, general)).astype(i32)
@@ -200,8 +200,8 @@ def targets(n, s: int):
     def body(i, st):
         out, c = st
         out = out.at[i].set(b - c)
-        whole, part = _quot(c, s - i + r)
-        c = whole * (s - i) + _quot(part * (s - i), s - i + r)[0]
+        whole, part = nonneg_divmod(c, s - i + r)
+        c = whole * (s - i) + nonneg_divmod(part * (s - i), s - i + r)[0]
         return out, c
 
     out, _ = lax.fori_loop(0, s, body, (jnp.zeros((s,), i32), b))
