@@ -319,8 +319,8 @@ def test_binomials_match_python():
 
 @pytest.mark.parametrize("x64", [False, True])
 def test_machine_values_fit_in_512_bytes(x64):
-    """Every array the machine's step computes or reads (its state, stack, binomial table
-    columns, actions, leaf slots), and the sort that lays out its held snapshots, is at most
+    """Every array the machine's step computes or reads (its state, stack, the split's
+    binomials, actions, leaf slots), and the sort that lays out its held snapshots, is at most
     512 bytes for ``S = 126`` slots, also under x64: XLA's CPU runtime then runs a body of these
     kernels in order (docs/performance.md)."""
     n_slots = 126
