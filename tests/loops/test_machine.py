@@ -319,8 +319,8 @@ def test_binomials_match_python():
 
 @pytest.mark.parametrize("x64", [False, True])
 def test_machine_values_fit_in_512_bytes(x64):
-    """Every array the machine's step computes or reads (its state, stack, binomial table
-    columns, actions, leaf slots), and the sort that lays out its held snapshots, is at most
+    """Every array the machine's step computes or reads (its state, stack, the split's
+    binomials, actions, leaf slots), and the sort that lays out its held snapshots, is at most
     512 bytes for ``S = 126`` slots, also under x64: XLA's CPU runtime then runs a body of these
     kernels in order (docs/performance.md)."""
     n_slots = 126
@@ -385,8 +385,8 @@ def test_optimum_elementwise_matches_closed_form():
 
 @pytest.mark.parametrize("s_max", [5, 40])
 def test_split_largest_matches_python(s_max):
-    """The in-graph largest optimal split, table-driven (with its loop fallback for long
-    segments), against the Python rule, over every segment length up to 3000 and every slot
+    """The in-graph largest optimal split (one loop over the repetition number) against the
+    Python rule, over every segment length up to 3000 and every slot
     count up to ``s_max``; the Python rule against the brute-force optimum."""
     cases = [(n, s) for s in range(2, s_max + 1) for n in range(s + 2, 3001, 3 if s > 3 else 1)]
     cases += [(10**6, 2), (10**6, 3), (200_000, 5)]
@@ -400,27 +400,16 @@ def test_split_largest_matches_python(s_max):
             assert largest_split(n, s) == max(j for j, c in enumerate(costs, 1) if c == best)
 
 
-def test_beta_rows_beyond_the_table():
-    """Past ``TABLE_ROWS`` slots the binomials' rows have a closed form (no table of ``S``
-    rows): equal to the saturating table for every slot count up to 20000, and the largest
-    split with many slots equals the Python rule."""
-    s_max = 20_000
-    want = B.beta_table(s_max, 17).astype(np.int32)
-    got = jax.jit(jax.vmap(lambda s: B._beta_row(s, s_max, 17)))(
-        jnp.arange(s_max + 1, dtype=jnp.int32)
-    )
-    assert np.array_equal(np.asarray(got), want)
+def test_split_with_many_slots():
+    """The largest split with many slots (one loop over the repetition number, no table of
+    ``S`` rows) equals the Python rule, up to ``S = 14141``."""
     cases = [
         (n, s)
         for s in (1023, 1024, 1500, 5791, 5792, 14141)
         for n in (s + 2, 3 * s, min(s * s // 2, B.CAP - 1), 10**7)
     ]
     ns, ss = (jnp.asarray(v, jnp.int32) for v in zip(*cases))
-    # lax.map, not vmap: under vmap the split's conditional runs both branches, and its loop
-    # fallback is only for segments that outgrow the table (never with this many slots).
-    got = jax.jit(lambda ns, ss: jax.lax.map(lambda a: B.largest_split(*a, s_max), (ns, ss)))(
-        ns, ss
-    )
+    got = jax.jit(jax.vmap(lambda n, s: B.largest_split(n, s)))(ns, ss)
     assert np.asarray(got).tolist() == [largest_split(n, s) for n, s in cases]
 
 

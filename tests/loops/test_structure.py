@@ -13,9 +13,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.extend import core as jax_core
 
 import retrograde
 from retrograde.loops import _machine
+from retrograde.loops._placement import store_slot
 
 N = 40
 THETA = jnp.float64(0.7)
@@ -82,3 +84,40 @@ def test_copies_of_the_step(case, machine_steps):
     text = _lowered(make())
     assert text.count("stablehlo.tanh") == step_copies
     assert len(machine_steps) == machine_copies
+
+
+def _equations(jaxpr) -> int:
+    """The equations of a jaxpr, those of its sub-jaxprs (loop bodies, branches, nested
+    ``jit``) included."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += 1
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else [param]:
+                if isinstance(sub, jax_core.ClosedJaxpr):
+                    count += _equations(sub.jaxpr)
+                elif isinstance(sub, jax_core.Jaxpr):
+                    count += _equations(sub)
+    return count
+
+
+# (with_pairs, slots) -> jaxpr equations of one machine step (with the Revolve rule), and of the
+# Online placement rule evaluated past the decision table. Before issue #33's second session:
+# the step 1035 / 1137 (the largest split's table and loop forms, 492), the rule 455.
+MACHINE_EQUATIONS = {(False, 16): 411, (True, 16): 499}
+PLACEMENT_EQUATIONS = 259
+
+
+@pytest.mark.parametrize("with_pairs, n_slots", list(MACHINE_EQUATIONS))
+def test_size_of_the_machines_step(with_pairs, n_slots):
+    """The binomial machine's step (the ``while_loop`` gradient's control) and the ``Online``
+    rule (its forward sweep's, past the decision table) hold exactly this many jaxpr equations:
+    the split is one loop, the phases select only the registers they change (a change that
+    grows them fails here; docs/performance.md, "Compile time")."""
+    steps = jnp.arange(n_slots, dtype=jnp.int32)
+    st = _machine.init(n_slots, steps, steps, jnp.int32(3), jnp.int32(500), False)
+    jaxpr = jax.make_jaxpr(lambda st: _machine.step(st, with_pairs))(st).jaxpr
+    assert _equations(jaxpr) == MACHINE_EQUATIONS[with_pairs, n_slots]
+    held = jnp.full((n_slots,), -1, jnp.int32)
+    rule = jax.make_jaxpr(lambda n, h: store_slot(n, h, n_slots))(jnp.int32(9000), held).jaxpr
+    assert _equations(rule) == PLACEMENT_EQUATIONS

@@ -9,10 +9,10 @@ The in-graph twins of :mod:`retrograde.schedules._optimum` and
 - :func:`largest_split`: the largest optimal first split of a segment;
 - :func:`optimum`: ``t(n, s) = r n - C(s + r, s + 1)``, elementwise.
 
-Slot counts are static wherever the callers know them, so each of these reads a trace-time table
-of binomials (:func:`beta_table`, depth :func:`table_depth`; at most ``TABLE_ROWS + 1`` rows, the
-rows of more slots have a closed form) with one comparison per entry, and falls back to a loop
-over the repetition number only for segments that outgrow the table.
+:func:`largest_split` (the machine's, slot count traced) is one loop over the repetition number.
+:func:`optimum` with static slot counts (the placement rule) reads a trace-time table of binomials
+(:func:`beta_table`, depth :func:`table_depth`) with one comparison per entry, and falls back to a
+loop over the repetition number only for segments that outgrow the table.
 """
 
 from __future__ import annotations
@@ -29,11 +29,24 @@ COST_CAP = 1 << 30
 i32 = jnp.int32
 
 
+def nonneg_divmod(a, b):
+    """``a // b`` and ``a % b`` for integers ``a >= 0``, ``b > 0``: on JAX arrays one truncating
+    division each (``lax.div``, ``lax.rem``: equal to floor division for these signs, without
+    the sign corrections of ``jnp.floor_divide``); on Python or NumPy integers ``//``, ``%``."""
+    if not isinstance(a, jax.Array) and not isinstance(b, jax.Array):
+        return a // b, a % b
+    a, b = jnp.asarray(a, i32), jnp.asarray(b, i32)
+    shape = jnp.broadcast_shapes(a.shape, b.shape)
+    a, b = jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)
+    return lax.div(a, b), lax.rem(a, b)
+
+
 def next_beta(b, s, q, minimum=jnp.minimum):
     """beta(s, q) from beta(s, q - 1) = b, exactly, saturating at CAP (``minimum=min`` for
     Python integers)."""
     b = minimum(b, CAP)
-    return minimum((b // q) * (s + q) + ((b % q) * (s + q)) // q, CAP)
+    whole, part = nonneg_divmod(b, q)
+    return minimum(whole * (s + q) + nonneg_divmod(part * (s + q), q)[0], CAP)
 
 
 def repetition(n, s):
@@ -71,37 +84,7 @@ def table_depth(s_max: int) -> int:
     return 16 if s_max >= 8 else 48
 
 
-# Table rows are kept for slot counts up to TABLE_ROWS; beyond, beta(s, q) saturates from q = 3
-# on (beta(1024, 3) = C(1027, 3) > CAP), so the row has a closed form.
-TABLE_ROWS = 1023
-# The largest s with beta(s, 2) = C(s + 2, 2) below CAP.
-_BETA2_EXACT = 5791
-
-
-def _beta_row(s, s_max: int, q_max: int):
-    """``beta(s, q)`` for ``q = 0 .. q_max >= 2`` (int32[q_max + 1]) for a traced
-    ``0 <= s <= s_max``, as :func:`beta_table` has it: read off a table of at most
-    ``TABLE_ROWS + 1`` rows, so nothing here grows with the slot count beyond that."""
-    top = min(s_max, TABLE_ROWS)
-    table = beta_table(top, q_max).astype(np.int32)
-    # One constant per column, each of ``top + 1`` entries: for the machine (``s_max = S + 1``)
-    # up to MAX_SMALL_SLOTS slots every buffer its step reads is within SMALL_BUFFER_BYTES
-    # (:mod:`._xla_cpu`; docs/performance.md, "The XLA CPU executor rule").
-    unit = np.eye(q_max + 1, dtype=np.int32)
-    sc = jnp.clip(s, 0, top)
-    row = sum(
-        lax.dynamic_index_in_dim(jnp.asarray(table[:, q]), sc, 0, keepdims=False) * unit[q]
-        for q in range(q_max + 1)
-    )
-    if s_max <= TABLE_ROWS:
-        return row
-    c = jnp.minimum(s, _BETA2_EXACT)
-    beta2 = jnp.where(s > _BETA2_EXACT, CAP, (c + 1) * (c + 2) // 2)
-    big = jnp.concatenate([jnp.stack([i32(1), s + 1, beta2]), jnp.full((q_max - 2,), CAP, i32)])
-    return jnp.where(s > TABLE_ROWS, big, row)
-
-
-def largest_split(n, s, s_max: int):
+def largest_split(n, s, s_max: int | None = None):
     """The largest optimal first split ``j`` of a segment of ``n > s + 1`` steps with ``s >= 2``
     slots (the Revolve cost ``j + t(n - j, s - 1) + t(j, s)`` is flat over a range of ``j``;
     :func:`split` returns its smallest end). Larger left parts keep more of the reversal in long
@@ -110,40 +93,27 @@ def largest_split(n, s, s_max: int):
     With ``r = r(n, s)``, the cost's increment ``1 + r(j + 1, s) - r(n - j, s - 1)`` first
     turns positive at ``j = max(1, beta(s, q - 1), n - beta(s - 1, q))`` for ``q = r - 1`` if
     that ``j`` lies in ``[.., min(n - 1, beta(s, q) - 1)]``, else for ``q = r`` (always in range).
-    ``s_max`` (static, ``s <= s_max``) sizes a trace-time table of binomials; a loop over the
-    repetition number runs only for segments that outgrow it."""
-    q_max = table_depth(s_max)
-    row, row1 = _beta_row(s, s_max, q_max + 1), _beta_row(s - 1, s_max, q_max + 1)
-    r = jnp.sum(row[: q_max + 1] < n, dtype=i32)
+    One loop over the repetition number: ``r(n, s)`` iterations of two :func:`next_beta` each
+    (one form for every ``n`` and ``s``: the program holds no table and no second form).
+    ``s_max`` is accepted for :attr:`._machine.Rule.split`'s signature and unused."""
+    del s_max
 
-    def at(v, q):  # beta(., q) off a table row, 0 for q < 0
-        return jnp.where(q < 0, 0, v[jnp.clip(q, 0, q_max + 1)])
+    # beta(s, q) and beta(s - 1, q) for q = r - 2 .. r, by the recurrences from q = 0 (0 for
+    # q < 0); the loop stops at the first q = r with beta(s, r) >= n.
+    def cond(st):
+        return st[2][2] < n
 
-    def betas_loop():
-        # beta(s, q) and beta(s - 1, q) for q = r - 2 .. r, by the recurrences from q = 0.
-        def cond(st):
-            return st[2][2] < n
-
-        def body(st):
-            q, b1, bs = st
-            q = q + 1
-            return (
-                q,
-                (b1[1], b1[2], next_beta(b1[2], s - 1, q)),
-                (bs[1], bs[2], next_beta(bs[2], s, q)),
-            )
-
-        zero = (i32(0), i32(0), i32(1))
-        _, b1, bs = lax.while_loop(cond, body, (i32(0), zero, zero))
-        return b1, bs
-
-    def betas_table():
+    def body(st):
+        q, b1, bs = st
+        q = q + 1
         return (
-            (at(row1, r - 2), at(row1, r - 1), at(row1, r)),
-            (at(row, r - 2), at(row, r - 1), at(row, r)),
+            q,
+            (b1[1], b1[2], next_beta(b1[2], s - 1, q)),
+            (bs[1], bs[2], next_beta(bs[2], s, q)),
         )
 
-    b1, bs = lax.cond(r <= q_max, betas_table, betas_loop)
+    zero = (i32(0), i32(0), i32(1))
+    _, b1, bs = lax.while_loop(cond, body, (i32(0), zero, zero))
     j1 = jnp.maximum(jnp.maximum(1, bs[0]), n - b1[1])  # q = r - 1
     j2 = jnp.maximum(jnp.maximum(1, bs[1]), n - b1[2])  # q = r
     return jnp.where(j1 <= jnp.minimum(n - 1, bs[1] - 1), j1, j2)
@@ -207,7 +177,8 @@ def _optimum_loop(n, s):
 def _choose(b, s, r):
     """``C(s + r, s + 1) = beta(s, r) r / (s + 1)`` from ``b = beta(s, r)``, without overflow
     (NumPy or JAX integer arrays)."""
-    return (b // (s + 1)) * r + ((b % (s + 1)) * r) // (s + 1)
+    whole, part = nonneg_divmod(b, s + 1)
+    return whole * r + nonneg_divmod(part * r, s + 1)[0]
 
 
 def _finish(n, s, r, c):
@@ -215,7 +186,9 @@ def _finish(n, s, r, c):
     and ``n > 1``; the other cases have closed forms here)."""
     general = jnp.minimum(r * n - c, COST_CAP)
     # n (n - 1) / 2 with the even factor halved first (no int32 overflow below the cap).
-    half = jnp.where(n % 2 == 0, (n // 2) * (n - 1), n * ((n - 1) // 2))
+    # (For odd n >= 1, (n - 1) // 2 = n // 2; n <= 1 reads none of this.)
+    halved, odd = nonneg_divmod(n, 2)
+    half = jnp.where(odd == 0, halved * (n - 1), n * halved)
     one = jnp.where(n > 46341, COST_CAP, jnp.minimum(half, COST_CAP))
     return jnp.where(n <= 1, 0, jnp.where(s == 1, one, general)).astype(i32)
 
@@ -227,7 +200,8 @@ def targets(n, s: int):
     def body(i, st):
         out, c = st
         out = out.at[i].set(b - c)
-        c = (c // (s - i + r)) * (s - i) + ((c % (s - i + r)) * (s - i)) // (s - i + r)
+        whole, part = nonneg_divmod(c, s - i + r)
+        c = whole * (s - i) + nonneg_divmod(part * (s - i), s - i + r)[0]
         return out, c
 
     out, _ = lax.fori_loop(0, s, body, (jnp.zeros((s,), i32), b))

@@ -259,19 +259,17 @@ def leaf_slots(st, with_pairs=False):
     n_slots = st["free"].shape[0]
     i = jnp.arange(n_slots + 1, dtype=i32)
     fp = r["fp"] - r["taken"]  # the free list as the leaf found it (before its releases)
-    own = jnp.where(i == 0, r["slot_a"], _take(st["free"], fp - i))
+    own = where(i == 0, r["slot_a"], _take(st["free"], fp - i))
     held = _take(st["held"], r["lbase"] + i)
-    out = jnp.where(r["lkind"] == L_HELD, held, own)
+    out = where(r["lkind"] == L_HELD, held, own)
     if not with_pairs:
         return out
     # PAIRS: segment q from the top (q = 0 the task's own) holds u_a in its slot; u_{a+1} of
     # the p-th from the bottom goes to the free slot fp - 1 - p.
     q, p = r["taken"] - i // 2, i // 2
     seg = _take(st["stack"].slot, r["lbase"] - (q - 1))
-    pairs = jnp.where(
-        i % 2 == 0, jnp.where(q == 0, r["slot_a"], seg), _take(st["free"], fp - 1 - p)
-    )
-    return jnp.where(r["lkind"] == L_PAIRS, pairs, out)
+    pairs = where(i % 2 == 0, where(q == 0, r["slot_a"], seg), _take(st["free"], fp - 1 - p))
+    return where(r["lkind"] == L_PAIRS, pairs, out)
 
 
 def _action(kind, restore=-1, start=0, stop=0, first=0, store=-1, fresh=False):
@@ -302,7 +300,7 @@ def step(st, with_pairs=False, rule: Rule = REVOLVE):
         at_hand=False,
         fp=fp_pop,
         sp=r["sp"] - 1,
-        phase=jnp.where(r["sp"] < 0, P_DONE, P_TASK),
+        phase=where(r["sp"] < 0, P_DONE, P_TASK),
     )
     popping = phase == P_POP
     regs = select(popping, popped, r)
@@ -340,18 +338,18 @@ def _pairs(r, new, action, stack, free):
     ok = (sp - i >= 0) & (seg.release >= 0) & (seg.b - seg.a == 2)
     below = jnp.sum(jnp.cumprod(ok.astype(i32)), dtype=i32)
     two = (r["phase"] == P_TASK) & (action.kind == LEAF) & (action.stop - action.start == 2)
-    taken = jnp.where(two, jnp.minimum(below, fp), 0)  # a free slot for each but the top one
+    taken = where(two, jnp.minimum(below, fp), 0)  # a free slot for each but the top one
     b = action.stop
     pairs = _action(PAIRS, start=b - 2 * (taken + 1), stop=b, first=b - 1, fresh=True)
     action = select(taken > 0, pairs, action)
-    free = free.at[jnp.where(i < taken, fp + i, free.shape[0])].set(seg.release, mode="drop")
+    free = free.at[where(i < taken, fp + i, free.shape[0])].set(seg.release, mode="drop")
     new = dict(
         new,
         taken=taken,
         sp=new["sp"] - taken,
         fp=new["fp"] + taken,
-        lkind=jnp.where(taken > 0, L_PAIRS, new["lkind"]),
-        lbase=jnp.where(taken > 0, sp, new["lbase"]),
+        lkind=where(taken > 0, L_PAIRS, new["lkind"]),
+        lbase=where(taken > 0, sp, new["lbase"]),
     )
     return new, action, free
 
@@ -366,7 +364,7 @@ def _trail(r):
 def _task(r, free, rule: Rule):
     a, b, s, slot_a, at_hand = r["a"], r["b"], r["s"], r["slot_a"], r["at_hand"]
     n = b - a
-    restore = jnp.where(at_hand, -1, slot_a)
+    restore = where(at_hand, -1, slot_a)
     n_slots = free.shape[0]
     s_max = n_slots + 1  # a task holds at most every slot plus its own
     kind = rule.leaf(n, s, s_max)
@@ -386,7 +384,7 @@ def _task(r, free, rule: Rule):
     # A one-step leaf whose state is in its slot records from there (no restore).
     leaf = _action(
         LEAF,
-        restore=jnp.where(n == 1, -1, restore),
+        restore=where(n == 1, -1, restore),
         start=a,
         stop=b,
         first=a,
@@ -400,20 +398,20 @@ def _task(r, free, rule: Rule):
         MOVE,
         restore=restore,
         start=a,
-        stop=jnp.where(one_slot, s1_stop, m),
-        store=jnp.where(splits, new_slot, -1),
+        stop=where(one_slot, s1_stop, m),
+        store=where(splits, new_slot, -1),
     )
     new = dict(
         r,
-        phase=jnp.where(leafy, P_POP, jnp.where(one_slot, P_S1, jnp.where(last, P_LAST, P_TASK))),
-        k=jnp.where(one_slot, s1_stop, jnp.where(last, m, r["k"])),
+        phase=where(leafy, P_POP, where(one_slot, P_S1, where(last, P_LAST, P_TASK))),
+        k=where(one_slot, s1_stop, where(last, m, r["k"])),
         adv=one_slot,
         at_hand=splits,
-        a=jnp.where(splits, m, a),
-        s=jnp.where(splits, s - 1, s),
-        slot_a=jnp.where(splits, new_slot, slot_a),
-        fp=jnp.where(splits, r["fp"] - 1, r["fp"]),
-        sp=jnp.where(splits, r["sp"] + 1, r["sp"]),
+        a=where(splits, m, a),
+        s=where(splits, s - 1, s),
+        slot_a=where(splits, new_slot, slot_a),
+        fp=where(splits, r["fp"] - 1, r["fp"]),
+        sp=where(splits, r["sp"] + 1, r["sp"]),
         lkind=i32(L_FREE),
     )
     return (new, select(leafy, leaf, move)), splits
@@ -422,15 +420,15 @@ def _task(r, free, rule: Rule):
 def _s1(r):
     """A segment with one slot: for k = b - 1 down to a, restore, advance to k, record k."""
     a, k = r["a"], r["k"]
-    move = _action(MOVE, restore=jnp.where(r["at_hand"], -1, r["slot_a"]), start=a, stop=k)
+    move = _action(MOVE, restore=where(r["at_hand"], -1, r["slot_a"]), start=a, stop=k)
     leaf = _action(LEAF, start=k, stop=k + 1, first=k, fresh=True)
     recorded = r["adv"]
     new = dict(
         r,
         at_hand=False,
         adv=~recorded,
-        k=jnp.where(recorded, k - 1, k),
-        phase=jnp.where(recorded & (k - 1 < a), P_POP, P_S1),
+        k=where(recorded, k - 1, k),
+        phase=where(recorded & (k - 1 < a), P_POP, P_S1),
         lkind=i32(L_FREE),
     )
     return new, select(recorded, leaf, move)
@@ -477,9 +475,25 @@ def _write(x, i, v, pred):
     """``x`` with ``x[i] = v`` where ``pred`` (``i`` clamped; in place, no copy of ``x``)."""
     i = jnp.clip(i, 0, x.shape[0] - 1)
     old = lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
-    return lax.dynamic_update_index_in_dim(x, jnp.where(pred, v, old), i, 0)
+    return lax.dynamic_update_index_in_dim(x, where(pred, v, old), i, 0)
 
 
 def select(pred, a, b):
-    """``a`` where ``pred`` else ``b``, leaf by leaf (pytrees of the same structure)."""
-    return tree_util.tree_map(lambda x, y: jnp.where(pred, x, y), a, b)
+    """``a`` where ``pred`` else ``b``, leaf by leaf (pytrees of the same structure); a leaf that
+    is the same value on both sides (a register a phase leaves as it is) is not selected."""
+    return tree_util.tree_map(lambda x, y: where(pred, x, y), a, b)
+
+
+def where(pred, x, y):
+    """``x`` where ``pred`` else ``y``, for the machine's int32 and bool values: one
+    ``lax.select`` where both sides have one type and shape (no ``jnp.where`` wrapper, no
+    promotion), nothing where they are the same value (a register a phase leaves as it is)."""
+    if x is y:
+        return x
+    x, y = (v if hasattr(v, "dtype") else np.asarray(v, _PY_TYPES[type(v)]) for v in (x, y))
+    if x.dtype == y.dtype and x.shape == y.shape and np.shape(pred) in ((), x.shape):
+        return lax.select(pred, x, y)
+    return jnp.where(pred, x, y)
+
+
+_PY_TYPES = {int: np.int32, bool: np.bool_}

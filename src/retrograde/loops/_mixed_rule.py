@@ -22,7 +22,7 @@ import numpy as np
 from jax import lax
 
 from ..schedules import band_rule_applies
-from ._binomial import CAP, next_beta
+from ._binomial import CAP, next_beta, nonneg_divmod
 
 i32 = jnp.int32
 
@@ -67,7 +67,7 @@ def _sat_add(a, b):
 
 def _sat_mul(a, b):
     """``min(a * b, CAP)`` for ``0 <= a, b <= CAP``."""
-    return jnp.where(a > CAP // jnp.maximum(b, 1), CAP, jnp.minimum(a * b, CAP))
+    return jnp.where(a > nonneg_divmod(CAP, jnp.maximum(b, 1))[0], CAP, jnp.minimum(a * b, CAP))
 
 
 def _next_row(row, c_top):
@@ -134,7 +134,7 @@ def _left_steps(c, first, last, r, level, o):
         i = a - level
         segment = (i > 0) & (first[a] == a)
         value = (last[a] - a + 1) * c[a]
-        wanted = (need + value - 1) // value
+        wanted = nonneg_divmod(need + value - 1, value)[0]
         take = jnp.where(segment & (need > 0), jnp.minimum(fresh + reach, wanted), 0)
         take_left = jnp.minimum(take, fresh_left + reach_left)
         step = jnp.minimum(rest, take_left * value)
