@@ -284,7 +284,8 @@ def _loops():
     def lax_scan(cell, u0, xs):
         return jax.lax.scan(lambda u, x: (cell(u, x), None), u0, xs)[0]
 
-    return {"Revolve(3)": scan(Revolve(3)), "while_loop": while_}, lax_scan
+    loops = {"Revolve(3)": scan(Revolve(3)), "Mixed(3, 1.0)": scan(Mixed(3, 1.0))}
+    return {**loops, "while_loop": while_}, lax_scan
 
 
 def _batch_grad(loop):
@@ -306,11 +307,13 @@ def _while_carries(hlo: str) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("name", ["Revolve(3)", "while_loop"])
+@pytest.mark.parametrize("name", ["Revolve(3)", "Mixed(3, 1.0)", "while_loop"])
 def test_shared_weight_cotangent_summed_in_each_step(name):
     """grad (and an HVP) in a weight shared by a vmapped batch: no loop of the compiled program
     carries a per-element copy of the weight's cotangent (``f64[B, D, 2D]``), as ``lax.scan``'s
-    batched transpose carries none; the derivatives equal ``lax.scan``'s."""
+    batched transpose carries none, nor computes one (a product per element, then a sum), also
+    where steps are reversed from their data (``Mixed``: the transpose of the linear part sums
+    over the batch as a record does); the derivatives equal ``lax.scan``'s."""
     ours, lax_scan = _loops()
     w = jax.random.normal(jax.random.PRNGKey(0), (_D, 2 * _D)) / _D
     v = jax.random.normal(jax.random.PRNGKey(3), w.shape)
@@ -319,8 +322,11 @@ def test_shared_weight_cotangent_summed_in_each_step(name):
     per_element = f"f64[{_B},{_D},{2 * _D}]"
     for fun, ref, args in ((grad, ref_grad, (w,)), (hvp, ref_hvp, (w, v))):
         compiled = jax.jit(fun).lower(*args).compile()
-        carries = _while_carries(compiled.as_text())
+        hlo = compiled.as_text()
+        carries = _while_carries(hlo)
         assert carries and not [c for c in carries if per_element in c], carries
+        # nor any value of the program: one product contracts over the batch
+        assert not [line for line in hlo.splitlines() if per_element in line]
         assert_close(compiled(*args), jax.jit(ref)(*args), 1e-12)
 
 

@@ -29,6 +29,7 @@ import jax
 from jax.extend import core as jex_core
 
 from .._jax_private import ad, core, pe
+from ._batch_levels import summed_vjp
 from ._body import Body, cut, is_float
 from ._slots import vary_as, zeros
 
@@ -119,21 +120,30 @@ class Linearization:
         stored = [res[self._first[j]] for j in range(len(self.stored_avals))]
         return list(new[: self.nk]), list(new[self.nk :]), stored
 
-    def vjp(self, consts, x, invariants, stored, cotangents):
+    def vjp(self, consts, x, invariants, stored, cotangents, sums=None):
         """The step's VJP from its data: ``cotangents`` over the float carry outputs, then the
         float ``y`` outputs; returns the cotangents of the differentiated consts, carry and x
-        leaves ``(dc, dk, dx)`` (no evaluation of the step)."""
+        leaves ``(dc, dk, dx)`` (no evaluation of the step), each consts cotangent summed over
+        the vmap axes ``sums[i]`` (as :func:`._batch_levels.summed_vjp`: under ``vmap``, one
+        product contracting over the batch, not one per element and a sum)."""
         picks = {CONST: consts, X: x, INVARIANT: invariants, STORED: stored}
         res = [picks[s.kind][s.at] for s in self.sources]
-        run = self._run_linear
+        run, n_t = self._run_linear, len(self.tangent_avals)
         # The transpose as the VJP of the linear part at zero tangents, typed as the tangents
         # are (inside ``jax.shard_map``, their varying mesh axes: ``jax.linear_transpose`` takes
         # only shapes); the linear part's evaluation at zero is dead code. Cotangents are typed as
         # its outputs (a seed may vary over fewer mesh axes, e.g. a replicated one).
-        _, transpose = jax.vjp(lambda *t: run(*res, *t), *zeros(self.tangent_avals))
         outs = self.linear.out_avals
-        cts = transpose([vary_as(c, a) for c, a in zip(cotangents, outs)])
-        dc, dk, dx = cut(cts, [sum(self.dc), sum(self.dk), sum(self.dx)])
+        n_c = sum(self.dc)
+        sums = [()] * n_c if sums is None else list(sums)
+        cts = summed_vjp(
+            lambda *a: list(run(*a[n_t:], *a[:n_t])),
+            zeros(self.tangent_avals),
+            res,
+            [vary_as(c, a) for c, a in zip(cotangents, outs)],
+            [*sums, *[()] * (n_t - n_c)],
+        )
+        dc, dk, dx = cut(cts, [n_c, sum(self.dk), sum(self.dx)])
         return list(dc), list(dk), list(dx)
 
 

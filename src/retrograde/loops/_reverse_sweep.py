@@ -29,7 +29,7 @@ from .._jax_private import core
 from . import _machine as machine
 from . import _pool
 from . import _residuals as residuals
-from ._batch_levels import sum_over, summed_vjp
+from ._batch_levels import summed_vjp
 from ._body import Body, is_float
 from ._forward_sweep import forward
 from ._offload import Offload, Segments, tags_of
@@ -206,12 +206,16 @@ class StepRunner:
         """The VJP of step ``i`` from its stored residuals ``data`` (no evaluation), as
         :meth:`record`."""
         dc, dk, dx = self.linearization().vjp(
-            self.consts, row(self.xs, i), self.invariants, data, [*kbar, *self.ybar_row(i)]
+            self.consts,
+            row(self.xs, i),
+            self.invariants,
+            data,
+            [*kbar, *self.ybar_row(i)],
+            self.sums,
         )
         given = iter(dk)  # for the float carry leaves not held; held ones get zeros
         dk = [jnp.zeros_like(k) if held else next(given) for k, held in zip(kbar, self.held_k)]
         xbar = put_row(xbar, dx, i) if xbar else xbar
-        dc = [sum_over(g, names) for g, names in zip(dc, self.sums)]
         return dk, [a + b for a, b in zip(cbar, dc)], xbar
 
     def data_forward(self, act, cur, slots, data):
