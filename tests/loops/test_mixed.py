@@ -7,8 +7,10 @@ transposes them from those in reverse order. The schedules are test-owned
 
 - Evaluations (a ``jax.debug.callback`` counter in the step): a compiled gradient makes the
   schedule's ``plain + linearized + recorded`` evaluations, plus one (the forward sweep's last
-  step, for ``u_N``), plus ``relinearized`` (a first sweep that ends by linearizing steps keeps
-  the state the run starts from, not the data, and the reverse sweep linearizes them again).
+  step, for ``u_N``): a first sweep that ends by linearizing steps (``Tables.lead``) keeps
+  their data, and the reverse sweep starts by transposing them. An HVP's augmented sweep,
+  which shares the forward's states and their tangents, linearizes them again
+  (``relinearized``).
 - Every derivative against ``jax.lax.scan`` / ``jax.lax.fori_loop`` in float64.
 - Temp memory within the slots' bytes (states and data rows) plus the constant of the
   ``Revolve`` programs, and flat in ``N``; with ``schedules.Mixed``, whose data share the
@@ -173,9 +175,9 @@ def test_gradient_count(schedule):
     stats, tables = rs.simulate(schedule, n), _tables.tables_for(schedule, n)
     assert stats.linearized > 0
     grad = jax.jit(jax.grad(functools.partial(_count_loss, schedule, n), argnums=(0, 1)))
-    assert _count(grad, *ARGS) == stats.evaluations + 1 + tables.relinearized
-    # The first sweep of DataLeaves ends by linearizing: its run is linearized again.
-    assert (tables.relinearized > 0) == isinstance(schedule, DataLeaves)
+    assert _count(grad, *ARGS) == stats.evaluations + 1
+    # The first sweep of DataLeaves ends by linearizing: the forward keeps the run's data.
+    assert (tables.lead is not None) == isinstance(schedule, DataLeaves)
 
 
 def test_gradient_count_on_the_machine(monkeypatch):
@@ -208,13 +210,13 @@ MIXED = [
 @pytest.mark.parametrize("schedule, n", zip(MIXED, [20, 57, 30, 40, 25, 20]), ids=repr)
 def test_mixed_gradient_count_and_gradient(schedule, n):
     """``schedules.Mixed`` on the machine (its tree, its leaves at their levels): the schedule's
-    evaluations, plus one, plus the rightmost leaf's steps when the forward linearizes them
-    again; the gradient of ``jax.lax.scan``."""
+    evaluations, plus one (the forward keeps the data of a rightmost leaf reversed from data);
+    the gradient of ``jax.lax.scan``."""
     stats, tables = rs.simulate(schedule, n), _tables.tables_for(schedule, n)
     assert tables.rows is not None and tables.rule is not None
     grad = jax.jit(jax.grad(functools.partial(_count_loss, schedule, n), argnums=(0, 1)))
-    assert _count(grad, *ARGS) == stats.evaluations + 1 + tables.relinearized
-    assert (tables.relinearized > 0) == (schedule == rs.Mixed(3.5, 0.5))
+    assert _count(grad, *ARGS) == stats.evaluations + 1
+    assert (tables.lead is not None) == (schedule == rs.Mixed(3.5, 0.5))
     ref = jax.jit(jax.grad(functools.partial(_count_loss, None, n), argnums=(0, 1)))(*ARGS)
     P.assert_close(grad(*ARGS), ref, RTOL, f"{schedule} gradient")
 
@@ -237,8 +239,7 @@ def test_default_schedule_is_mixed_where_the_data_fit_a_state():
     for fixed, schedule in ((True, rs.Mixed(s, 1.0)), (False, rs.Revolve(s))):
         ours = functools.partial(loss, scan=retrograde.scan, fixed=fixed)
         grad = jax.jit(jax.grad(ours, argnums=(0, 1)))
-        relinearized = _tables.tables_for(schedule, n).relinearized
-        assert _count(grad, 0.5, u0) == rs.simulate(schedule, n).evaluations + 1 + relinearized
+        assert _count(grad, 0.5, u0) == rs.simulate(schedule, n).evaluations + 1
         ref = jax.grad(functools.partial(loss, scan=jax.lax.scan, fixed=fixed), argnums=(0, 1))
         P.assert_close(grad(0.5, u0), ref(0.5, u0), RTOL, f"default {schedule}")
     assert rs.Mixed(s, 1.0).evaluations(n) < 0.7 * rs.simulate(rs.Revolve(s), n).evaluations
@@ -414,7 +415,7 @@ def test_mixed_on_the_in_graph_machine(monkeypatch):
         tables = _tables.tables_for(schedule, n)
         assert tables.rows is None
         grad = jax.jit(jax.grad(functools.partial(_count_loss, schedule, n), argnums=(0, 1)))
-        assert _count(grad, *ARGS) == stats.evaluations + 1 + tables.relinearized
+        assert _count(grad, *ARGS) == stats.evaluations + 1
         ref = jax.jit(jax.grad(functools.partial(_count_loss, None, n), argnums=(0, 1)))(*ARGS)
         P.assert_close(grad(*ARGS), ref, RTOL, "Mixed on the machine")
         with pytest.raises(ValueError, match=r"no in-graph split rule.*whole data_size"):
