@@ -221,6 +221,51 @@ def test_mixed_gradient_count_and_gradient(schedule, n):
     P.assert_close(grad(*ARGS), ref, RTOL, f"{schedule} gradient")
 
 
+@pytest.mark.parametrize(
+    "schedule, n, machine",
+    [
+        (rs.Mixed(2, 0.5), 5, False),  # the whole loop is the lead leaf (start 0)
+        (rs.Mixed(5, 1.0), 20, False),  # the lead leaf at level 4, a trailing record before it
+        (rs.Mixed(5, 1.0), 20, True),  # the in-graph machine on [0, start) after it
+        (DataLeaves(3, 4), 20, False),  # a row table: data rows of their own, none pooled
+    ],
+    ids=str,
+)
+def test_the_forward_keeps_the_lead_leafs_data(schedule, n, machine, monkeypatch):
+    """A first sweep that ends by linearizing ``[start, N)`` (``Tables.lead``): the forward
+    sweep keeps those steps' data and the reverse sweep transposes them, so a gradient (in
+    every leaf, or in ``u0`` only: data linearized in fewer leaves) and ``vmap(grad)`` (one
+    callback per batched step) evaluate the step ``evaluations + 1`` times and agree with
+    ``jax.lax.scan``; an HVP's augmented sweep, sharing the
+    forward's states, linearizes them again: ``relinearized`` more, besides the tangent
+    loop's ``N``."""
+    if machine:
+        monkeypatch.setattr(_tables, "ROW_LIMIT", 0)
+    _tables.tables_for.cache_clear()
+    try:
+        stats, tables = rs.simulate(schedule, n), _tables.tables_for(schedule, n)
+        assert tables.lead is not None and tables.relinearized == n - 1 - tables.lead[0]
+        assert (tables.rows is None) == machine
+        L = functools.partial(_count_loss, schedule, n)
+        R = functools.partial(_count_loss, None, n)
+        for argnums in ((0, 1), 1):
+            grad = jax.jit(jax.grad(L, argnums=argnums))
+            assert _count(grad, *ARGS) == stats.evaluations + 1, argnums
+            P.assert_close(grad(*ARGS), jax.grad(R, argnums=argnums)(*ARGS), RTOL, "gradient")
+        thetas = jnp.array([0.7, 0.9])
+        vgrad = jax.jit(jax.vmap(jax.grad(L, argnums=(0, 1)), in_axes=(0, None)))
+        assert _count(vgrad, thetas, ARGS[1]) == stats.evaluations + 1
+        ref = jax.vmap(jax.grad(R, argnums=(0, 1)), in_axes=(0, None))(thetas, ARGS[1])
+        P.assert_close(vgrad(thetas, ARGS[1]), ref, RTOL, "vmap(grad)")
+        hvp = jax.jit(lambda th, u0: jax.jvp(jax.grad(L, argnums=(0, 1)), (th, u0), (1.0, u0)))
+        expected = stats.evaluations + 1 + tables.relinearized + n
+        assert _count(hvp, *ARGS) == expected
+        ref = jax.jvp(jax.grad(R, argnums=(0, 1)), ARGS, (1.0, ARGS[1]))
+        P.assert_close(hvp(*ARGS), ref, RTOL, "HVP")
+    finally:
+        _tables.tables_for.cache_clear()
+
+
 def test_default_schedule_is_mixed_where_the_data_fit_a_state():
     """``schedule=None``: ``Mixed(s, 1.0)`` with the default slots where a step keeps one state
     of data (``cos(0.5 u)``), so about ``2N`` evaluations instead of ``3N`` in the same memory;
@@ -436,6 +481,19 @@ def test_mixed_memory_is_revolves_at_the_same_budget(order):
         assert rs.simulate(mixed, n).evaluations < rs.simulate(revolve, n).evaluations
         temp = _temp(mixed, n, order)
         print(f"{order}, N = {n}: {temp / CARRY:.1f} carries, Revolve(10) {base / CARRY:.1f}")
+        assert temp <= base + CARRY, (order, n, temp / CARRY, base / CARRY)
+
+
+@pytest.mark.parametrize("order", ["grad", "hvp"])
+def test_lead_leaf_data_take_no_memory_of_their_own(order):
+    """``Mixed(20, 2.0)`` where its first sweep ends by linearizing a leaf (``Tables.lead``):
+    the forward writes that leaf's data into the snapshot buffers' free rows, so a gradient and
+    an HVP take the temp memory of ``Revolve(20)`` (within one state)."""
+    mixed, revolve = rs.Mixed(20, 2.0), rs.Revolve(20)
+    for n in (40, 100):
+        assert _tables.tables_for(mixed, n).lead is not None
+        base, temp = _temp(revolve, n, order), _temp(mixed, n, order)
+        print(f"{order}, N = {n}: {temp / CARRY:.1f} carries, Revolve(20) {base / CARRY:.1f}")
         assert temp <= base + CARRY, (order, n, temp / CARRY, base / CARRY)
 
 

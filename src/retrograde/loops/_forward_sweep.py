@@ -16,10 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from . import _pool
 from ._body import Body
 from ._offload import Offload, tags_of
 from ._placement import online_phases, place_thinned
-from . import _pool
 from ._pool import rows as pool_rows
 from ._slots import any_over, put_row, put_row_if, row, zeros
 from ._tables import Tables

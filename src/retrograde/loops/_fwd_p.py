@@ -8,16 +8,16 @@ in which the forward linearizes the steps of the schedule's lead leaf (mixed che
 :attr:`._tables.Tables.lead`) keeping their data for the adjoint (``adj_p`` with the same
 ``kept``), which then evaluates none of them again. Set by the first-order JVP; a JVP of
 ``fwd_p`` with ``save`` (a second order, whose augmented sweep shares the snapshots and their
-tangents) lays states only, and its snapshots carry no data (``kept=None``).
+tangents) lays states only where the snapshots get tangents: its lead data rows come out zero,
+and ``tan_p`` and ``adj_p`` with ``kept`` read snapshots with nonzero tangents as states.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from jax.extend.core import Primitive
-
 import jax.numpy as jnp
+from jax.extend.core import Primitive
 
 from .._jax_private import ad, core, dispatch, mlir, pe
 from . import _batch_levels, _pool
@@ -131,30 +131,35 @@ def forward_loop(body: Body, plan: LoopPlan, consts, carry, xs, save=False, kept
 
 def _fwd_jvp(primals, tangents, *, body, plan, save, kept, batch_levels):
     a, t = FwdArgs.of(primals, body), FwdArgs.of(tangents, body)
-    # A first order keeps the lead leaf's data, linearized in the leaves with tangents.
     masks = [tuple(nonzero(v) for v in g) for g in t]
-    lead = None if save else plan.lead_data(body, (masks[0], jvp_body(body, *masks)[1], masks[2]))
+    mk = jvp_body(body, *masks)[1]
     # When ``save`` is already set, an adjoint of an inner derivative reads these snapshots.
     # The transpose of this tangent then re-lays its own instead of sharing them: sharing would
     # keep them alive (and force a copy) beside the inner derivative's augmented sweeps; this
     # costs one extra forward sweep, at higher order only.
     # The snapshots' tangents are saved only for an adjoint that reads the snapshots (``save``).
     save_tangents = save and plan.offload is None
-    # Shared with their tangents by an augmented sweep, the snapshots hold states only: the lead
-    # leaf's data rows (``kept``) come out zero, and so do their tangents.
-    outs = forward_loop(body, plan, a.consts, a.carry, a.xs, save=True, kept=lead)
-    carry, ys, snaps = cut(outs, [body.nk, body.ny, plan.n_snapshots(body, lead)])
+    # A first order keeps the lead leaf's data, linearized in the leaves with tangents. Snapshots
+    # an augmented sweep shares with their (nonzero) tangents hold states only: their lead data
+    # rows come out zero, and the adjoints that read them know them by their tangents.
+    if not save:
+        lay = plan.lead_data(body, (masks[0], mk, masks[2]))
+    else:
+        shared = save_tangents and any(st and m for st, m in zip(body.stored, mk))
+        lay = None if shared else kept
+    outs = forward_loop(body, plan, a.consts, a.carry, a.xs, save=True, kept=lay)
+    carry, ys, snaps = cut(outs, [body.nk, body.ny, plan.n_snapshots(body, lay)])
+    n_states = plan.n_snapshots(body)
     tk, ty, *saved = apply_tangent(
-        body, plan, a, [] if save else snaps, t, save_tangents=save_tangents, kept=lead
+        body, plan, a, [] if save else snaps, t, save_tangents=save_tangents, kept=lay
     )
     if not save:
         return [*carry, *ys], [*tk, *ty]
-    dsnaps = saved[0] if save_tangents else [zero(core.typeof(v)) for v in snaps]
-    if kept is not None:
-        rest = plan.snapshot_avals(body, kept)[len(snaps) :]
+    dsnaps = saved[0] if save_tangents else [zero(core.typeof(v)) for v in snaps[:n_states]]
+    rest = plan.snapshot_avals(body, kept)[n_states:]
+    if lay is None:
         snaps = snaps + [jnp.zeros(r.shape, r.dtype) for r in rest]
-        dsnaps = dsnaps + [zero(r) for r in rest]
-    return [*carry, *ys, *snaps], [*tk, *ty, *dsnaps]
+    return [*carry, *ys, *snaps], [*tk, *ty, *dsnaps, *(zero(r) for r in rest)]
 
 
 ad.primitive_jvps[fwd_p] = _batch_levels.jvp_rule(_fwd_jvp)

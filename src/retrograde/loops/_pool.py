@@ -131,7 +131,8 @@ def lead(body: Body, tables: Tables, masks, batched: bool = False):
     """``(linearization, pool)`` of a forward sweep that keeps the data of the lead leaf
     (:attr:`._tables.Tables.lead`), linearized in the leaves ``masks`` (``(dc, dk, dx)``), in
     snapshot buffers of :func:`rows` rows."""
-    lin = residuals.linearization(body, *masks, batched)
+    dc, dk, dx = masks
+    lin = residuals.linearization(body, dc, dk, dx, batched)
     return lin, plan(body, tables, lin.stored_avals, rows=rows(body, tables))
 
 

@@ -128,7 +128,9 @@ class LoopPlan:
         if self.dynamic or self.tables().lead is None or self.offload is not None:
             return None
         avals = (body.const_avals, body.carry_avals, body.x_avals)
-        data = tuple(tuple(m and is_float(a) for m, a in zip(ms, av)) for ms, av in zip(masks, avals))
+        data = tuple(
+            tuple(m and is_float(a) for m, a in zip(ms, av)) for ms, av in zip(masks, avals)
+        )
         return data if any(any(m) for m in data) else None
 
     def snapshot_avals(self, body: Body, data=None) -> list:

@@ -15,7 +15,9 @@ in-graph binomial machine (``O(S)`` state) or, for schedules without a binomial 
 table of rows. A ``DATA`` leaf of ``n`` steps (mixed checkpointing) makes ``n - 1`` evaluations
 keeping each step's stored residuals in a data row, one recorded evaluation and ``n - 1``
 reversals from the rows (no evaluation); memory: ``L`` data rows of the step's stored residuals
-(``L``: the longest such leaf less one), beside the ``S`` snapshots.
+(``L``: the longest such leaf less one), beside the ``S`` snapshots. The lead leaf
+(:attr:`._tables.Tables.lead`), whose data a forward sweep kept, makes one recorded evaluation
+and ``N - 1 - start`` reversals from the rows.
 """
 
 from __future__ import annotations
@@ -97,9 +99,7 @@ class StepRunner:
     invariants: list | None = None  # the loop-invariant residuals, once data rows are made
     pool: _pool.Pool | None = None  # the data residuals kept in the snapshot buffer, if any
 
-    def __init__(
-        self, body: Body, consts, xs, ys_bar, ymask, keep, batched, sums=None, data=None
-    ):
+    def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep, batched, sums=None, data=None):
         self.body, self.consts, self.xs = body, consts, xs
         self.data = data
         self.batched = batched
@@ -194,8 +194,8 @@ class StepRunner:
         """The step split into its evaluation keeping its data and its VJP from that data, for
         the leaves this sweep differentiates (held carry leaves are not), or those of
         ``data``."""
-        masks = self._masks() if self.data is None else self.data
-        return residuals.linearization(self.body, *masks, self.batched)
+        dc, dk, dx = self._masks() if self.data is None else self.data
+        return residuals.linearization(self.body, dc, dk, dx, self.batched)
 
     def data_rows(self, n_rows: int, deps, tables: Tables | None = None, slots=()) -> list:
         """``n_rows`` data rows of each stored residual (zeros tied to ``deps``, as slots are:

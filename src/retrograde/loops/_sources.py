@@ -14,7 +14,6 @@ functions of it; :class:`MacroActionSource` declares what the executor reads. Th
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -148,7 +147,8 @@ def source_for(tables: Tables, after_lead: bool = False) -> MacroActionSource:
         assert tables.lead is not None
         if tables.rows is not None:
             k = tables.lead_rows
-            leaves = tables.leaves[k:] if tables.leaves is not None else None
+            more = tables.leaves is not None and len(tables.rows) > k  # else none to read
+            leaves = tables.leaves[k:] if more else None
             return RowSource(dataclasses.replace(tables, rows=tables.rows[k:], leaves=leaves))
         start = tables.lead[0]
         below = tables.store_steps < start

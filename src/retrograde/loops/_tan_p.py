@@ -217,9 +217,7 @@ def apply_tangent(body, plan, z, snaps, dz, steps=(), save_tangents=False, kept=
 # ----------------------------------------------------------------------------- JVP
 
 
-def _tan_jvp(
-    primals, tangents, *, body, plan, has_snaps, masks, save_tangents, kept, batch_levels
-):
+def _tan_jvp(primals, tangents, *, body, plan, has_snaps, masks, save_tangents, kept, batch_levels):
     a = TanArgs.of(primals, body, plan, has_snaps, masks, kept)
     t = TanArgs.of(tangents, body, plan, has_snaps, masks, kept)
     child, _, _ = jvp_body(body, *masks)
