@@ -207,7 +207,7 @@ MIXED = [
 ]
 
 
-@pytest.mark.parametrize("schedule, n", zip(MIXED, [20, 57, 30, 40, 25, 20]), ids=repr)
+@pytest.mark.parametrize("schedule, n", list(zip(MIXED, [20, 57, 30, 40, 25, 20])), ids=repr)
 def test_mixed_gradient_count_and_gradient(schedule, n):
     """``schedules.Mixed`` on the machine (its tree, its leaves at their levels): the schedule's
     evaluations, plus one (the forward keeps the data of a rightmost leaf reversed from data);

@@ -89,9 +89,9 @@ class StepRunner:
     contribution is summed over them as it is added, so the sweep carries one cotangent, not one
     per element of the batch.
 
-    ``data``: the masks ``(dc, dk, dx)`` over the consts, carry and x leaves that the step's
+    ``kept``: the masks ``(dc, dk, dx)`` over the consts, carry and x leaves that the step's
     data are linearized in (those of a forward sweep that kept its lead leaf's data,
-    ``fwd_p``'s ``data``); ``None``: the leaves this sweep differentiates. They must include
+    ``fwd_p``'s ``kept``); ``None``: the leaves this sweep differentiates. They must include
     those.
     """
 
@@ -99,9 +99,9 @@ class StepRunner:
     invariants: list | None = None  # the loop-invariant residuals, once data rows are made
     pool: _pool.Pool | None = None  # the data residuals kept in the snapshot buffer, if any
 
-    def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep, batched, sums=None, data=None):
+    def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep, batched, sums=None, kept=None):
         self.body, self.consts, self.xs = body, consts, xs
-        self.data = data
+        self.kept = kept
         self.batched = batched
         self.run = body.runner(batched)
         self.fc, self.fx = _differentiated(body, keep)
@@ -193,8 +193,8 @@ class StepRunner:
     def linearization(self) -> residuals.Linearization:
         """The step split into its evaluation keeping its data and its VJP from that data, for
         the leaves this sweep differentiates (held carry leaves are not), or those of
-        ``data``."""
-        dc, dk, dx = self._masks() if self.data is None else self.data
+        ``kept``."""
+        dc, dk, dx = self._masks() if self.kept is None else self.kept
         return residuals.linearization(self.body, dc, dk, dx, self.batched)
 
     def data_rows(self, n_rows: int, deps, tables: Tables | None = None, slots=()) -> list:
@@ -204,8 +204,8 @@ class StepRunner:
         residuals, once per sweep."""
         lin = self.linearization()
         self.invariants = lin.invariants(self.consts)
-        if self.data is not None:
-            for want, have, what in zip(self._masks(), self.data, ("consts", "carry", "xs")):
+        if self.kept is not None:
+            for want, have, what in zip(self._masks(), self.kept, ("consts", "carry", "xs")):
                 if any(w and not h for w, h in zip(want, have)):
                     raise ValueError(
                         f"retrograde: this reverse sweep differentiates {what} leaves that its "
@@ -228,11 +228,10 @@ class StepRunner:
         dc, dk, dx = lin.vjp(
             self.consts, row(self.xs, i), self.invariants, data, [*kbar, *self.ybar_row(i)]
         )
-        if self.data is not None:  # linearized in more leaves: those this sweep differentiates
-            want_c, want_k, want_x = self._masks()
+        if self.kept is not None:  # linearized in more leaves: those this sweep differentiates
             dc, dk, dx = (
                 _within(v, have, want)
-                for v, have, want in zip((dc, dk, dx), self.data, (want_c, want_k, want_x))
+                for v, have, want in zip((dc, dk, dx), self.kept, self._masks())
             )
         given = iter(dk)  # for the float carry leaves not held; held ones get zeros
         dk = [jnp.zeros_like(k) if held else next(given) for k, held in zip(kbar, self.held_k)]
@@ -448,16 +447,16 @@ def adjoint(
     keep=None,
     axes=(),
     sums=None,
-    data=None,
+    kept=None,
 ):
     """Execute the schedule's reverse sweep from the forward sweep's snapshots ``snaps`` (as
     :func:`._forward_sweep.forward` returns them), or, with ``snaps is None``, its forward sweep
     first; return the cotangents of the float leaves of consts, carry_0 and xs.
 
     With a lead leaf (:attr:`._tables.Tables.lead`) the forward keeps its data, linearized in
-    the leaves of ``data`` (``fwd_p``'s; ``None``: the reverse's own forward, in the leaves it
+    the leaves of ``kept`` (``fwd_p``'s; the reverse's own forward: in the leaves it
     differentiates), and the reverse starts by reversing it from them. Snapshots laid without
-    (``data is None``) have the reverse linearize the lead leaf again (``Tables.relinearized``).
+    (``kept is None``) have the reverse linearize the lead leaf again (``Tables.relinearized``).
 
     ``carry_bar`` holds one cotangent per float carry leaf; ``ys_bar`` one per float ``y`` leaf
     whose ``ymask`` entry is True (the others are zero and never materialised). ``keep`` (a
@@ -470,7 +469,7 @@ def adjoint(
     if tables.length == 0:
         return consts_bar, list(carry_bar), xs_bar
     steps = StepRunner(
-        body, consts, xs, ys_bar, ymask, keep, bool(axes), sums, data if snaps is not None else None
+        body, consts, xs, ys_bar, ymask, keep, bool(axes), sums, kept if snaps is not None else None
     )
     ns = sum(body.stored)
 
@@ -497,7 +496,7 @@ def adjoint(
             off.close()
         return cbar, kbar, xbar
 
-    lead = tables.lead is not None and (snaps is None or data is not None)
+    lead = tables.lead is not None and (snaps is None or kept is not None)
     if snaps is not None:
         snaps = list(snaps)
         if tables.offload is None:
@@ -507,11 +506,13 @@ def adjoint(
     def own():
         rows = zeros_after(body.snapshot_avals, (_pool.rows(body, tables),), [*carry_bar, *carry0])
         off = Offload.open(tables.offload) if tables.offload is not None else None
-        kept = None
+        data = None
         if lead:  # the lead leaf's data, linearized as this sweep's leaves are
             lin = steps.linearization()
-            pool = _pool.plan(body, tables, lin.stored_avals, rows=rows[0].shape[0])
-            kept = (lin, pool)
+            pool = (
+                _pool.plan(body, tables, lin.stored_avals, rows=rows[0].shape[0]) if rows else None
+            )
+            data = (lin, pool)
         _, _, own_snaps = forward(
             body,
             tables.length,
@@ -523,7 +524,7 @@ def adjoint(
             slots=rows,
             batched=bool(axes),
             off=off,
-            lead=kept,
+            lead=data,
         )
         return sweep(own_snaps, off, lead)
 
