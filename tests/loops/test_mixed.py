@@ -7,8 +7,10 @@ transposes them from those in reverse order. The schedules are test-owned
 
 - Evaluations (a ``jax.debug.callback`` counter in the step): a compiled gradient makes the
   schedule's ``plain + linearized + recorded`` evaluations, plus one (the forward sweep's last
-  step, for ``u_N``), plus ``relinearized`` (a first sweep that ends by linearizing steps keeps
-  the state the run starts from, not the data, and the reverse sweep linearizes them again).
+  step, for ``u_N``): a first sweep that ends by linearizing steps (``Tables.lead``) keeps
+  their data, and the reverse sweep starts by transposing them. An HVP's augmented sweep,
+  which shares the forward's states and their tangents, linearizes them again
+  (``relinearized``).
 - Every derivative against ``jax.lax.scan`` / ``jax.lax.fori_loop`` in float64.
 - Temp memory within the slots' bytes (states and data rows) plus the constant of the
   ``Revolve`` programs, and flat in ``N``; with ``schedules.Mixed``, whose data share the
@@ -173,9 +175,9 @@ def test_gradient_count(schedule):
     stats, tables = rs.simulate(schedule, n), _tables.tables_for(schedule, n)
     assert stats.linearized > 0
     grad = jax.jit(jax.grad(functools.partial(_count_loss, schedule, n), argnums=(0, 1)))
-    assert _count(grad, *ARGS) == stats.evaluations + 1 + tables.relinearized
-    # The first sweep of DataLeaves ends by linearizing: its run is linearized again.
-    assert (tables.relinearized > 0) == isinstance(schedule, DataLeaves)
+    assert _count(grad, *ARGS) == stats.evaluations + 1
+    # The first sweep of DataLeaves ends by linearizing: the forward keeps the run's data.
+    assert (tables.lead is not None) == isinstance(schedule, DataLeaves)
 
 
 def test_gradient_count_on_the_machine(monkeypatch):
@@ -205,18 +207,63 @@ MIXED = [
 ]
 
 
-@pytest.mark.parametrize("schedule, n", zip(MIXED, [20, 57, 30, 40, 25, 20]), ids=repr)
+@pytest.mark.parametrize("schedule, n", list(zip(MIXED, [20, 57, 30, 40, 25, 20])), ids=repr)
 def test_mixed_gradient_count_and_gradient(schedule, n):
     """``schedules.Mixed`` on the machine (its tree, its leaves at their levels): the schedule's
-    evaluations, plus one, plus the rightmost leaf's steps when the forward linearizes them
-    again; the gradient of ``jax.lax.scan``."""
+    evaluations, plus one (the forward keeps the data of a rightmost leaf reversed from data);
+    the gradient of ``jax.lax.scan``."""
     stats, tables = rs.simulate(schedule, n), _tables.tables_for(schedule, n)
     assert tables.rows is not None and tables.rule is not None
     grad = jax.jit(jax.grad(functools.partial(_count_loss, schedule, n), argnums=(0, 1)))
-    assert _count(grad, *ARGS) == stats.evaluations + 1 + tables.relinearized
-    assert (tables.relinearized > 0) == (schedule == rs.Mixed(3.5, 0.5))
+    assert _count(grad, *ARGS) == stats.evaluations + 1
+    assert (tables.lead is not None) == (schedule == rs.Mixed(3.5, 0.5))
     ref = jax.jit(jax.grad(functools.partial(_count_loss, None, n), argnums=(0, 1)))(*ARGS)
     P.assert_close(grad(*ARGS), ref, RTOL, f"{schedule} gradient")
+
+
+@pytest.mark.parametrize(
+    "schedule, n, machine",
+    [
+        (rs.Mixed(2, 0.5), 5, False),  # the whole loop is the lead leaf (start 0)
+        (rs.Mixed(5, 1.0), 20, False),  # the lead leaf at level 4, a trailing record before it
+        (rs.Mixed(5, 1.0), 20, True),  # the in-graph machine on [0, start) after it
+        (DataLeaves(3, 4), 20, False),  # a row table: data rows of their own, none pooled
+    ],
+    ids=str,
+)
+def test_the_forward_keeps_the_lead_leafs_data(schedule, n, machine, monkeypatch):
+    """A first sweep that ends by linearizing ``[start, N)`` (``Tables.lead``): the forward
+    sweep keeps those steps' data and the reverse sweep transposes them, so a gradient (in
+    every leaf, or in ``u0`` only: data linearized in fewer leaves) and ``vmap(grad)`` (one
+    callback per batched step) evaluate the step ``evaluations + 1`` times and agree with
+    ``jax.lax.scan``; an HVP's augmented sweep, sharing the
+    forward's states, linearizes them again: ``relinearized`` more, besides the tangent
+    loop's ``N``."""
+    if machine:
+        monkeypatch.setattr(_tables, "ROW_LIMIT", 0)
+    _tables.tables_for.cache_clear()
+    try:
+        stats, tables = rs.simulate(schedule, n), _tables.tables_for(schedule, n)
+        assert tables.lead is not None and tables.relinearized == n - 1 - tables.lead[0]
+        assert (tables.rows is None) == machine
+        L = functools.partial(_count_loss, schedule, n)
+        R = functools.partial(_count_loss, None, n)
+        for argnums in ((0, 1), 1):
+            grad = jax.jit(jax.grad(L, argnums=argnums))
+            assert _count(grad, *ARGS) == stats.evaluations + 1, argnums
+            P.assert_close(grad(*ARGS), jax.grad(R, argnums=argnums)(*ARGS), RTOL, "gradient")
+        thetas = jnp.array([0.7, 0.9])
+        vgrad = jax.jit(jax.vmap(jax.grad(L, argnums=(0, 1)), in_axes=(0, None)))
+        assert _count(vgrad, thetas, ARGS[1]) == stats.evaluations + 1
+        ref = jax.vmap(jax.grad(R, argnums=(0, 1)), in_axes=(0, None))(thetas, ARGS[1])
+        P.assert_close(vgrad(thetas, ARGS[1]), ref, RTOL, "vmap(grad)")
+        hvp = jax.jit(lambda th, u0: jax.jvp(jax.grad(L, argnums=(0, 1)), (th, u0), (1.0, u0)))
+        expected = stats.evaluations + 1 + tables.relinearized + n
+        assert _count(hvp, *ARGS) == expected
+        ref = jax.jvp(jax.grad(R, argnums=(0, 1)), ARGS, (1.0, ARGS[1]))
+        P.assert_close(hvp(*ARGS), ref, RTOL, "HVP")
+    finally:
+        _tables.tables_for.cache_clear()
 
 
 @jax.custom_jvp
@@ -256,8 +303,7 @@ def test_default_schedule_is_mixed_where_it_does_less_work():
             return jnp.sum(scan(step, u0, None, length=n)[0] ** 2)
 
         grad = jax.jit(jax.grad(functools.partial(loss, scan=retrograde.scan)))
-        relinearized = _tables.tables_for(schedule, n).relinearized
-        assert _count(grad, u0) == rs.simulate(schedule, n).evaluations + 1 + relinearized, name
+        assert _count(grad, u0) == rs.simulate(schedule, n).evaluations + 1, name
         ref = jax.grad(functools.partial(loss, scan=jax.lax.scan))
         P.assert_close(grad(u0), ref(u0), RTOL, f"default for {name}")
     assert rs.Mixed(s, 1.0).evaluations(n) < 0.7 * rs.simulate(rs.Revolve(s), n).evaluations
@@ -448,7 +494,7 @@ def test_mixed_on_the_in_graph_machine(monkeypatch):
         tables = _tables.tables_for(schedule, n)
         assert tables.rows is None
         grad = jax.jit(jax.grad(functools.partial(_count_loss, schedule, n), argnums=(0, 1)))
-        assert _count(grad, *ARGS) == stats.evaluations + 1 + tables.relinearized
+        assert _count(grad, *ARGS) == stats.evaluations + 1
         ref = jax.jit(jax.grad(functools.partial(_count_loss, None, n), argnums=(0, 1)))(*ARGS)
         P.assert_close(grad(*ARGS), ref, RTOL, "Mixed on the machine")
         with pytest.raises(ValueError, match=r"no in-graph split rule.*whole data_size"):
@@ -469,6 +515,19 @@ def test_mixed_memory_is_revolves_at_the_same_budget(order):
         assert rs.simulate(mixed, n).evaluations < rs.simulate(revolve, n).evaluations
         temp = _temp(mixed, n, order)
         print(f"{order}, N = {n}: {temp / CARRY:.1f} carries, Revolve(10) {base / CARRY:.1f}")
+        assert temp <= base + CARRY, (order, n, temp / CARRY, base / CARRY)
+
+
+@pytest.mark.parametrize("order", ["grad", "hvp"])
+def test_lead_leaf_data_take_no_memory_of_their_own(order):
+    """``Mixed(20, 2.0)`` where its first sweep ends by linearizing a leaf (``Tables.lead``):
+    the forward writes that leaf's data into the snapshot buffers' free rows, so a gradient and
+    an HVP take the temp memory of ``Revolve(20)`` (within one state)."""
+    mixed, revolve = rs.Mixed(20, 2.0), rs.Revolve(20)
+    for n in (40, 100):
+        assert _tables.tables_for(mixed, n).lead is not None
+        base, temp = _temp(revolve, n, order), _temp(mixed, n, order)
+        print(f"{order}, N = {n}: {temp / CARRY:.1f} carries, Revolve(20) {base / CARRY:.1f}")
         assert temp <= base + CARRY, (order, n, temp / CARRY, base / CARRY)
 
 

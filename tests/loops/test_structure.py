@@ -29,6 +29,14 @@ def _scan_loss(theta, u0):
     return jnp.sum(retrograde.scan(step, u0, length=N)[0] ** 2)
 
 
+def _mixed_loss(theta, u0):
+    """``Mixed(20, 2.0)``: its first sweep ends by linearizing its rightmost leaf, steps 31..38
+    (``Tables.lead``)."""
+    step = lambda u, _: (u + 0.1 * jnp.tanh(theta * u), None)
+    schedule = retrograde.schedules.Mixed(20, 2.0)
+    return jnp.sum(retrograde.scan(step, u0, length=N, schedule=schedule)[0] ** 2)
+
+
 def _while_loss(theta, u0):
     u = retrograde.while_loop(
         lambda c: c[0] < N, lambda c: (c[0] + 1, c[1] + 0.1 * jnp.tanh(theta * c[1])), (0, u0)
@@ -65,6 +73,10 @@ def _lowered(f):
 #   scan gradient: the forward sweep's segments loop (1); the reverse sweep's move (advance),
 #     leaf forward, the leaf's last record, its records loop (4); no machine (a table of rows).
 #   scan HVP: the tangent sweep's segments loop (1) besides the gradient's.
+#   Mixed gradient (a lead leaf): the scan gradient's and a DATA leaf's linearized steps (1),
+#     and the forward sweep's lead leaf, whose data it keeps (1): one more than without one.
+#   Mixed HVP: the scan HVP's and the augmented sweep's DATA leaf (1); no lead copy (the
+#     forward lays states only, which the augmented sweep shares with their tangents).
 #   while_loop gradient: the forward sweep's two placement phases (table, rule) (2); the
 #     reverse sweep's four and the PAIRS leaves' forward (5); the machine's step once, in the
 #     executor's moves loop.
@@ -73,6 +85,8 @@ def _lowered(f):
 CASES = {
     "scan-grad": (lambda: jax.grad(_scan_loss, (0, 1)), 6, 0),
     "scan-hvp": (lambda: _hvp(_scan_loss), 8, 0),
+    "mixed-grad": (lambda: jax.grad(_mixed_loss, (0, 1)), 8, 0),
+    "mixed-hvp": (lambda: _hvp(_mixed_loss), 9, 0),
     "while-grad": (lambda: jax.grad(_while_loss, (0, 1)), 7, 1),
     "while-hvp": (lambda: _hvp(_while_loss), 10, 1),
 }

@@ -134,6 +134,7 @@ def _adj_jvp_split(args, body, plan, has_snaps, ymask, keep, masks, sums):
         ymask=ymask,
         keep=keep,
         sums=sums,
+        kept=None,
         batch_levels=(),
     )
     w = _cotangent_lists(body, plan, a.carry_bar, a.ys_bar, ymask)

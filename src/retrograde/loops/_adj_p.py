@@ -67,17 +67,17 @@ class AdjArgs(NamedTuple):
     ys_bar: list
 
     @classmethod
-    def of(cls, args, body: Body, plan: LoopPlan, has_snaps: bool, ymask):
-        return split_groups(cls, args, cls.sizes(body, plan, has_snaps, ymask))
+    def of(cls, args, body: Body, plan: LoopPlan, has_snaps: bool, ymask, kept=None):
+        return split_groups(cls, args, cls.sizes(body, plan, has_snaps, ymask, kept))
 
     @staticmethod
-    def sizes(body: Body, plan: LoopPlan, has_snaps: bool, ymask) -> list[int]:
+    def sizes(body: Body, plan: LoopPlan, has_snaps: bool, ymask, kept=None) -> list[int]:
         return [
             plan.n_steps_inputs,
             body.nc,
             body.nk,
             body.nx,
-            plan.n_snapshots(body) if has_snaps else 0,
+            plan.n_snapshots(body, kept) if has_snaps else 0,
             n_float(body.carry_avals),
             sum(ymask),
         ]
@@ -160,7 +160,7 @@ def adj_out_avals(body, plan, keep):
 
 adj_p.def_effectful_abstract_eval(
     abstract_eval(
-        lambda body, plan, has_snaps, ymask, keep, sums: adj_out_avals(body, plan, keep),
+        lambda body, plan, has_snaps, ymask, keep, sums, kept: adj_out_avals(body, plan, keep),
         lambda **params: True,
     )
 )
@@ -169,8 +169,8 @@ adj_p.def_effectful_abstract_eval(
 # ----------------------------------------------------------------------------- lowering
 
 
-def _adj_impl(args, body, plan, has_snaps, ymask, keep, sums, axes):
-    a = AdjArgs.of(args, body, plan, has_snaps, ymask)
+def _adj_impl(args, body, plan, has_snaps, ymask, keep, sums, kept, axes):
+    a = AdjArgs.of(args, body, plan, has_snaps, ymask, kept)
     sums = pick(keep.consts, sums)
     if plan.dynamic:
         snaps = (a.snaps[:-1], a.snaps[-1]) if has_snaps else None
@@ -203,6 +203,7 @@ def _adj_impl(args, body, plan, has_snaps, ymask, keep, sums, axes):
         keep,
         axes,
         sums,
+        kept,
     )
     return [*cbar, *kbar, *xbar]
 
@@ -213,11 +214,14 @@ mlir.register_lowering(adj_p, lowering(_adj_impl))
 # ----------------------------------------------------------------------------- bind
 
 
-def apply_adjoint(body, plan, z, snaps, kbar, ybar, steps=(), keep=None, sums=None) -> AdjOuts:
+def apply_adjoint(
+    body, plan, z, snaps, kbar, ybar, steps=(), keep=None, sums=None, kept=None
+) -> AdjOuts:
     """``J(z)^T w`` over the float leaves of ``z``; ``w = (kbar, ybar)`` are full leaf lists over
     the outputs (symbolic zeros allowed; non-float leaves ignored). Returns the cotangents of the
     float leaves of consts, carry and xs (of those selected by ``keep``, a :class:`WrtMasks`;
-    ``None``: all), the consts' summed over the vmap axes ``sums`` names (``None``: none)."""
+    ``None``: all), the consts' summed over the vmap axes ``sums`` names (``None``: none).
+    ``kept``: ``fwd_p``'s, for snapshots with the lead leaf's data (``keep`` within it)."""
     c, k, x = z
     kbar_f = [instantiate(t) for t in floats_of(kbar, body.carry_avals)]
     ybar_f = floats_of(ybar, body.y_avals)
@@ -232,6 +236,7 @@ def apply_adjoint(body, plan, z, snaps, kbar, ybar, steps=(), keep=None, sums=No
         ymask=ymask,
         keep=keep,
         sums=no_sums(body) if sums is None else tuple(sums),
+        kept=kept if snaps else None,
         batch_levels=(),
     )
     return AdjOuts.of(outs, body, keep)
@@ -301,18 +306,23 @@ def adjoint_tangent(
 # ----------------------------------------------------------------------------- JVP
 
 
-def _adj_jvp(primals, tangents, *, body, plan, has_snaps, ymask, keep, sums, batch_levels):
-    a = AdjArgs.of(primals, body, plan, has_snaps, ymask)
-    t = AdjArgs.of(tangents, body, plan, has_snaps, ymask)
+def _adj_jvp(primals, tangents, *, body, plan, has_snaps, ymask, keep, sums, kept, batch_levels):
+    a = AdjArgs.of(primals, body, plan, has_snaps, ymask, kept)
+    t = AdjArgs.of(tangents, body, plan, has_snaps, ymask, kept)
+    if kept is not None and any(nonzero(v) for v in t.snaps):
+        # Snapshots with tangents were laid by a JVP of ``fwd_p``: states only (see there).
+        n = plan.n_snapshots(body)
+        a, t, kept = a._replace(snaps=a.snaps[:n]), t._replace(snaps=t.snaps[:n]), None
     if not any(nonzero(v) for v in [*t.consts, *t.carry, *t.xs, *t.carry_bar, *t.ys_bar]):
         out = adj_p.bind(
-            *primals,
+            *flat(a),
             body=body,
             plan=plan,
             has_snaps=has_snaps,
             ymask=ymask,
             keep=keep,
             sums=sums,
+            kept=kept,
             batch_levels=(),
         )
         return out, [zero(core.typeof(o)) for o in out]
@@ -339,11 +349,11 @@ ad.primitive_jvps[adj_p] = _batch_levels.jvp_rule(_adj_jvp)
 # ----------------------------------------------------------------------------- transpose
 
 
-def _adj_transpose(cts, *args, body, plan, has_snaps, ymask, keep, sums, batch_levels):
+def _adj_transpose(cts, *args, body, plan, has_snaps, ymask, keep, sums, kept, batch_levels):
     # A consts cotangent summed over vmap axes (``sums``) is, per element, the element's own
     # plus the others': each element's transpose gets the cotangent whole (the batching rule
     # passes it so), as the transpose of ``lax.psum`` over a vmap axis does.
-    a = AdjArgs.of(args, body, plan, has_snaps, ymask)
+    a = AdjArgs.of(args, body, plan, has_snaps, ymask, kept)
     ct = AdjOuts.of(cts, body, keep)
     x_avals = xs_avals(body, plan.length) if not plan.dynamic else []
     # Cotangents over all float consts, carry and xs leaves (zero where this adjoint's output
@@ -361,7 +371,7 @@ def _adj_transpose(cts, *args, body, plan, has_snaps, ymask, keep, sums, batch_l
             full_from_floats(ct_k, body.carry_avals),
             full_from_floats(ct_x, x_avals),
         )
-        tk, ty = apply_tangent(body, plan, a.z, a.snaps, dz, a.steps)
+        tk, ty = apply_tangent(body, plan, a.z, a.snaps, dz, a.steps, kept=kept)
         tk_f = floats_of(tk, body.carry_avals)
         ty_f = pick(ymask, floats_of(ty, body.y_avals))
         out = [None] * n_pre
@@ -487,11 +497,11 @@ pe.dce_rules[adj_p] = adj_dce
 # ----------------------------------------------------------------------------- batching
 
 
-def _adj_out_axes(data, dims, *, body, plan, has_snaps, ymask, keep, sums):
+def _adj_out_axes(axis, dims, *, body, plan, has_snaps, ymask, keep, sums, kept):
     """Every output batched, but the consts cotangents summed over this vmap's axis."""
-    check_unbatched_steps(AdjArgs.of(dims, body, plan, has_snaps, ymask).steps)
+    check_unbatched_steps(AdjArgs.of(dims, body, plan, has_snaps, ymask, kept).steps)
     params = dict(body=body, plan=plan, keep=keep, sums=sums)
-    return [None if data.name in names else 0 for names in output_sums(params)]
+    return [None if axis.name in names else 0 for names in output_sums(params)]
 
 
 _batch_levels.batcher(adj_p, _adj_out_axes)

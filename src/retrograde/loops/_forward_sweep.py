@@ -3,8 +3,11 @@ schedule (:func:`forward`), and a while loop that places them online (:func:`for
 
 Traced inside a primitive's lowering (unbatched: a batched primitive runs these under
 ``jax.vmap``, see :mod:`._batch_levels`), so only ``jax.lax`` is used. :func:`forward` runs
-``N`` plain evaluations; memory: the carry, the ``ys`` (``O(N)`` by nature) and, with tables,
-``S`` snapshots plus the state ``u_{N-1}``.
+``N`` evaluations; memory: the carry, the ``ys`` (``O(N)`` by nature) and, with tables, ``S``
+snapshots plus the state ``u_{N-1}``. With a ``lead`` (mixed checkpointing,
+:attr:`._tables.Tables.lead`), ``N - 1 - start`` of those evaluations keep their data, in the
+rows its rightmost leaf reads (the snapshot rows from its level on and data rows of their own),
+so that the reverse sweep evaluates none of them again.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from . import _pool
 from ._body import Body
 from ._offload import Offload, tags_of
 from ._placement import online_phases, place_thinned
@@ -37,6 +41,7 @@ def forward(
     batched=False,
     off: Offload | None = None,
     stored=None,
+    lead=None,
 ):
     """Run all ``N = length`` steps. Returns ``(carry_N, ys, snaps)``: the stacked per-step
     outputs (none unless ``ys``), and with ``tables`` the snapshots, ``S`` rows of each stored
@@ -44,6 +49,11 @@ def forward(
     Snapshots of offloaded slots go to the store of ``off`` (required if the tables have some).
     ``stored`` (a mask over the carry leaves) overrides which leaves are stored
     (``body.stored``).
+
+    ``lead``: ``(linearization, pool)`` (:mod:`._residuals`, :func:`._pool.plan`) for tables
+    with a ``lead`` ``(start, level)``: steps ``start .. N - 2`` keep their data as the lead
+    leaf's rows (:func:`._pool.keep`), and ``tables.data_rows`` rows of each residual not
+    pooled follow the snapshots.
 
     With ``m`` stores, ``m <= N / DENSE`` and ``unroll == 1``, the steps between two stores run
     as a plain inner loop (one outer iteration per store, which stores the segment's first
@@ -86,6 +96,10 @@ def forward(
 
     at_steps = np.asarray(tables.store_steps, np.int32)
     at_slots = np.asarray(tables.store_slots, np.int32)
+    # The plain steps end at u_end: u_{N-1}, or the lead leaf's start.
+    end = n - 1 if lead is None else tables.lead[0]
+    below = at_steps <= end
+    at_steps, at_slots = at_steps[below], at_slots[below]
     m = len(at_steps)
     state = (list(carry), ys_buf)
     nested = unroll == 1 and m * DENSE <= n
@@ -93,12 +107,12 @@ def forward(
         # One loop over the store points, each segment storing its first state (no
         # conditional: every schedule stores u_0), then advancing to the next store point or to
         # N - 1: the program holds the step there and in the last step (below) only.
-        first = int(at_steps[0]) if m else n - 1
+        first = int(at_steps[0]) if m else end
         if first > 0:  # a schedule that does not store u_0: the steps before its first store
             state = lax.fori_loop(0, first, one, state)
         if m:
             starts = jnp.asarray(at_steps)
-            ends = jnp.asarray(np.append(at_steps[1:], n - 1).astype(np.int32))
+            ends = jnp.asarray(np.append(at_steps[1:], end).astype(np.int32))
             where = jnp.asarray(at_slots)
 
             def segment(q, st):
@@ -119,11 +133,11 @@ def forward(
 
         # The last step is taken apart: its state u_{N-1} is the reverse sweep's first.
         state, slots, _ = lax.fori_loop(
-            0, n - 1, advance, (state, list(slots), i32(0)), unroll=unroll
+            0, end, advance, (state, list(slots), i32(0)), unroll=unroll
         )
-    elif n > 1:  # many stores: each step's slot (-1: none) read off a table of N - 1
-        slot_of = np.full(n - 1, -1, np.int32)
-        below = at_steps < n - 1
+    elif end > 0:  # many stores: each step's slot (-1: none) read off a table of N - 1
+        slot_of = np.full(end, -1, np.int32)
+        below = at_steps < end
         slot_of[at_steps[below]] = at_slots[below]
         every = bool((slot_of >= 0).all())  # StoreAll: no test per step
         where = jnp.asarray(slot_of)
@@ -133,12 +147,34 @@ def forward(
             k = where[i]
             return one(i, state), keep(k, i, state[0], slots, None if every else k >= 0)
 
-        state, slots = lax.fori_loop(0, n - 1, advance, (state, list(slots)), unroll=unroll)
-    if not nested and m and int(at_steps[-1]) == n - 1:  # u_{N-1} is stored as well
-        slots = keep(jnp.asarray(at_slots[-1]), n - 1, state[0], slots)
+        state, slots = lax.fori_loop(0, end, advance, (state, list(slots)), unroll=unroll)
+    if not nested and m and int(at_steps[-1]) == end:  # u_end is stored as well
+        slots = keep(jnp.asarray(at_slots[-1]), end, state[0], slots)
+    kept = []
+    if lead is not None:
+        state, slots, kept = _keep_lead(tables, lead, consts, xs, state, slots, ys)
     last = snapshot(state[0])
     carry, ys_buf = one(n - 1, state)
-    return carry, ys_buf, [*slots, *last]
+    return carry, ys_buf, [*slots, *last, *kept]
+
+
+def _keep_lead(tables: Tables, lead, consts, xs, state, slots, ys):
+    """Steps ``start .. N - 2`` from ``u_start`` (``state``), each keeping its data as row
+    ``i - start`` of the lead leaf (:attr:`Tables.lead`). Returns ``(state, slots, rows)``: the
+    state ``u_{N-1}`` (and ``ys``), the snapshot buffers with the pooled data, the data rows of
+    the others."""
+    lin, pool = lead
+    start, level = tables.lead
+    rows = zeros(_pool.rest_avals(pool, lin.stored_avals), (tables.data_rows,))
+
+    def one(i, st):
+        (carry, ys_buf), slots, rows = st
+        new, y, data = lin.linearize(consts, carry, row(xs, i))
+        slots, rows = _pool.keep(pool, slots, rows, level, i - start, data)
+        return (new, put_row(ys_buf, y, i) if ys else ys_buf), slots, rows
+
+    n = tables.length
+    return lax.fori_loop(start, n - 1, one, (state, list(slots), rows))
 
 
 # A forward sweep with at most one store per DENSE steps runs its steps between stores as inner

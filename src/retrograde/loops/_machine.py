@@ -24,7 +24,8 @@ Each :func:`step` emits one :class:`Action`:
   ``restore`` (if ``>= 0``); evaluate steps ``start .. stop - 2`` keeping each one's data
   (:mod:`._residuals`) in the leaf's data row ``n - start``; record ``stop - 1`` from the state at
   hand; then reverse the others, last first, each from its data row, with no evaluation
-  (``first = stop - 1``: no state is stored; ``fresh = 1``). ``store``: the leaf's level,
+  (``first = stop - 1``: no state is stored; ``fresh = 1``, or ``_tables.LINEARIZED`` when the
+  forward sweep kept the data already: no evaluation but the record). ``store``: the leaf's level,
   ``S - s`` for a task of ``s`` slots (``S`` for a segment with no slot). When the slots are
   taken lowest first and every split stores (as from :func:`init` after stores in slots ``0,
   1, ...``), slots ``0 .. level - 1`` are held and every slot from ``level`` on is free while
@@ -118,10 +119,11 @@ class Rule(NamedTuple):
             s_max)`` (static): restore, advance to ``m``, reverse ``[m, b)`` at once as a leaf
             with no slot (one step recorded, or ``DATA``), then go on with ``[a, m)``.
             Otherwise (Revolve) it is recomputed step by step.
-        relinearized: ``(stores, N) -> steps``: of the schedule's evaluations, how many the
-            compiled loop makes twice: its forward sweep keeps states, not data, so where the
-            schedule's first sweep ends by linearizing a run, the forward advances over it and
-            the reversal linearizes it again (``stores``: ``binomial_stores(N)``).
+        relinearized: ``(stores, N) -> steps``: where the schedule's first sweep ends by
+            linearizing a run (its rightmost leaf, from the last store), the run's length, else
+            ``0`` (``stores``: ``binomial_stores(N)``): a forward sweep that keeps their data
+            writes them (``_tables.Tables.lead``), one that keeps states only has the reversal
+            linearize them again.
         pooled: ``level -> rows``: the most data rows of a ``DATA`` leaf at ``level``, for a
             rule whose slots are taken lowest first (every slot from a leaf's level on is free
             while it runs), so that its data may share the free slots' memory (:mod:`._pool`);

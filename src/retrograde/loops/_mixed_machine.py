@@ -11,7 +11,10 @@ others free, which is what lets a ``DATA`` leaf's data share their memory. A tas
 leaf if it has at most ``leaf_size(level)`` steps (one step: recorded), else it is split where
 ``Mixed.split`` says, also with one slot (its right part then a leaf with no slot). ``S'`` is
 ``Mixed.state_slots``, or one more when the rightmost leaf is at the last level (its start has
-no slot in the schedule, and the reversal linearizes that leaf again from it).
+no slot in the schedule). The schedule's first sweep ends by linearizing the rightmost leaf when
+it is not split (:func:`_relinearized`): a gradient's forward sweep keeps those steps' data in
+that leaf's rows (``_tables.Tables.lead``); snapshots of states only have the reversal linearize
+them again.
 
 When no step's data fits the budget (``leaf_size(0) == 1``), ``Mixed`` is Revolve and the rule
 is :data:`._machine.REVOLVE`. Past ``_tables.ROW_LIMIT`` rows the machine splits in the graph
@@ -96,9 +99,9 @@ def online_rule(schedule: Online) -> machine.Rule:
 
 def _relinearized(schedule: Mixed, stores, n: int) -> int:
     """If the last store ``q`` starts the rightmost leaf (it is not split), the leaf's first
-    ``n - 1 - q`` steps, linearized by the schedule's first sweep, are advanced by the compiled
-    forward and linearized (or recorded) again by the reversal; else none (the rightmost leaf
-    is one step, not stored)."""
+    ``n - 1 - q`` steps, which the schedule's first sweep linearizes (a compiled forward that
+    keeps data does too; one that keeps states only has the reversal linearize, or record, them
+    again); else none (the rightmost leaf is one step, not stored)."""
     if not stores or schedule.split(n - stores[-1], len(stores) - 1):
         return 0
     return n - 1 - stores[-1]

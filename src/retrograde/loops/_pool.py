@@ -33,7 +33,8 @@ from .._jax_private import core
 from . import _residuals as residuals
 from ._body import Body
 from ._machine import Rule, argsort
-from ._slots import stacked_sharding, vary_as, varying_axes
+from ._slots import put_row, row, stacked_sharding, vary_as, varying_axes
+from ._tables import Tables
 
 i32 = jnp.int32
 _OFFSET_LIMIT = 2**31 - 1
@@ -151,6 +152,40 @@ def rows(body: Body, tables: Reversal) -> int:
     lin = residuals.linearization(body, *residuals.every_float(body))
     pool = plan(body, tables, lin.stored_avals)
     return tables.n_slots if pool is None else _rows_needed(tables, pool)
+
+
+def lead(body: Body, tables: Tables, masks, batched: bool = False):
+    """``(linearization, pool)`` of a forward sweep that keeps the data of the lead leaf
+    (:attr:`._tables.Tables.lead`), linearized in the leaves ``masks`` (``(dc, dk, dx)``), in
+    snapshot buffers of :func:`rows` rows."""
+    dc, dk, dx = masks
+    lin = residuals.linearization(body, dc, dk, dx, batched)
+    return lin, plan(body, tables, lin.stored_avals, rows=rows(body, tables))
+
+
+def rest_avals(pool: Pool | None, stored_avals) -> list:
+    """The stored residuals kept in data rows of their own (all of them without a pool)."""
+    return list(stored_avals) if pool is None else [stored_avals[j] for j in pool.rest]
+
+
+def keep(pool: Pool | None, slots, rows, level, i, data):
+    """Keep ``data`` (all stored residuals of one step) as data row ``i`` of a leaf at
+    ``level``: the pooled ones in the snapshot buffers ``slots``, the others in row ``i`` of
+    ``rows`` (their buffers, :func:`rest_avals`). Returns ``(slots, rows)``. The one writer of a
+    ``DATA`` leaf's data: the reverse sweep's leaves and the forward sweep's lead leaf."""
+    if pool is None:
+        return slots, put_row(rows, data, i)
+    slots = write(pool, slots, level, i, data)
+    return slots, put_row(rows, [data[k] for k in pool.rest], i)
+
+
+def fetch(pool: Pool | None, slots, rows, level, i, stored_avals) -> list:
+    """All stored residuals of data row ``i`` of a leaf at ``level``, as :func:`keep` wrote
+    them."""
+    d = row(rows, i)
+    if pool is None:
+        return d
+    return merge(pool, read(pool, slots, level, i), d, stored_avals)
 
 
 def write(pool: Pool, slots, level, i, data) -> list:

@@ -65,6 +65,7 @@ from . import _batch_levels
 from ._body import Body, cut, is_float
 from ._offload import stored_effects
 from ._offload_runs import Layout, two_level
+from ._pool import lead, rest_avals
 from ._pool import rows as pool_rows
 from ._tables import tables_for
 
@@ -120,12 +121,29 @@ class LoopPlan:
             return two_level(self.schedule)
         return self.tables().offload
 
-    def snapshot_avals(self, body: Body) -> list:
+    def lead_data(self, body: Body, masks):
+        """The masks ``(dc, dk, dx)`` a forward sweep linearizes its lead leaf in (``fwd_p``'s
+        ``data``), given the leaves that carry tangents (``masks``, carry after the fixpoint),
+        or ``None``: no lead leaf (:attr:`._tables.Tables.lead`), or no tangent."""
+        if self.dynamic or self.tables().lead is None or self.offload is not None:
+            return None
+        avals = (body.const_avals, body.carry_avals, body.x_avals)
+        data = tuple(
+            tuple(m and is_float(a) for m, a in zip(ms, av)) for ms, av in zip(masks, avals)
+        )
+        return data if any(any(m) for m in data) else None
+
+    def snapshot_avals(self, body: Body, data=None) -> list:
         """The snapshots: ``S`` rows of each stored carry leaf, then the stored leaves of
         ``u_{N-1}`` (known count) or the int32 held steps (run-time count). With offloaded
         slots, the handle of their store follows (known count) or replaces the rows (run-time
         count, ``Online(s, slow=...)``, with the stored leaves' tags: the held steps are those
-        of the offloaded slots)."""
+        of the offloaded slots). With ``data`` (:meth:`lead_data`), the lead leaf's data rows of
+        the residuals not pooled follow ``u_{N-1}``."""
+        if data is not None:
+            lin, pool = lead(body, self.tables(), data)
+            rest = [timed(a, self.tables().data_rows) for a in rest_avals(pool, lin.stored_avals)]
+            return self.snapshot_avals(body) + rest
         rows = [timed(a, self.slot_rows(body)) for a in body.snapshot_avals]
         handle = [core.ShapedArray((), jnp.int32)] if self.offload is not None else []
         if self.dynamic:
@@ -142,8 +160,8 @@ class LoopPlan:
         """The handle of the offloaded snapshots' store among the snapshots."""
         return snaps[0] if self.dynamic else snaps[-1]
 
-    def n_snapshots(self, body: Body) -> int:
-        return len(self.snapshot_avals(body))
+    def n_snapshots(self, body: Body, data=None) -> int:
+        return len(self.snapshot_avals(body, data))
 
 
 # ---------------------------------------------------------------------- input groups and leaf lists

@@ -15,7 +15,9 @@ in-graph binomial machine (``O(S)`` state) or, for schedules without a binomial 
 table of rows. A ``DATA`` leaf of ``n`` steps (mixed checkpointing) makes ``n - 1`` evaluations
 keeping each step's stored residuals in a data row, one recorded evaluation and ``n - 1``
 reversals from the rows (no evaluation); memory: ``L`` data rows of the step's stored residuals
-(``L``: the longest such leaf less one), beside the ``S`` snapshots.
+(``L``: the longest such leaf less one), beside the ``S`` snapshots. The lead leaf
+(:attr:`._tables.Tables.lead`), whose data a forward sweep kept, makes one recorded evaluation
+and ``N - 1 - start`` reversals from the rows.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from ._offload import Offload, Segments, tags_of
 from ._placement import online_phases, place_thinned
 from ._slots import any_over, load, put_row, row, store, zeros, zeros_after
 from ._sources import BinomialSource, MacroActionSource, source_for
-from ._tables import Tables
+from ._tables import LINEARIZED, Tables
 from ._xla_cpu import once
 
 i32 = jnp.int32
@@ -86,14 +88,20 @@ class StepRunner:
     its cotangent is summed over (``adj_p``'s ``sums``, :mod:`._batch_levels`): each step's
     contribution is summed over them as it is added, so the sweep carries one cotangent, not one
     per element of the batch.
+
+    ``kept``: the masks ``(dc, dk, dx)`` over the consts, carry and x leaves that the step's
+    data are linearized in (those of a forward sweep that kept its lead leaf's data,
+    ``fwd_p``'s ``kept``); ``None``: the leaves this sweep differentiates. They must include
+    those.
     """
 
     off: Offload | None = None
     invariants: list | None = None  # the loop-invariant residuals, once data rows are made
     pool: _pool.Pool | None = None  # the data residuals kept in the snapshot buffer, if any
 
-    def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep, batched, sums=None):
+    def __init__(self, body: Body, consts, xs, ys_bar, ymask, keep, batched, sums=None, kept=None):
         self.body, self.consts, self.xs = body, consts, xs
+        self.kept = kept
         self.batched = batched
         self.run = body.runner(batched)
         self.fc, self.fx = _differentiated(body, keep)
@@ -176,12 +184,18 @@ class StepRunner:
 
     # Steps reversed from their data (mixed checkpointing, :mod:`._residuals`).
 
-    def linearization(self) -> residuals.Linearization:
-        """The step split into its evaluation keeping its data and its VJP from that data, for
-        the leaves this sweep differentiates (held carry leaves are not)."""
+    def _masks(self):
+        """The masks of the leaves this sweep differentiates: ``(dc, dk, dx)``."""
         held = iter(self.held_k)
         dk = tuple(f and not next(held) for f in self.fk)
-        return residuals.linearization(self.body, tuple(self.fc), dk, tuple(self.fx), self.batched)
+        return tuple(self.fc), dk, tuple(self.fx)
+
+    def linearization(self) -> residuals.Linearization:
+        """The step split into its evaluation keeping its data and its VJP from that data, for
+        the leaves this sweep differentiates (held carry leaves are not), or those of
+        ``kept``."""
+        dc, dk, dx = self._masks() if self.kept is None else self.kept
+        return residuals.linearization(self.body, dc, dk, dx, self.batched)
 
     def data_rows(self, n_rows: int, deps, tables: _pool.Reversal | None = None, slots=()) -> list:
         """``n_rows`` data rows of each stored residual (zeros tied to ``deps``, as slots are:
@@ -190,12 +204,17 @@ class StepRunner:
         residuals, once per sweep."""
         lin = self.linearization()
         self.invariants = lin.invariants(self.consts)
-        avals = lin.stored_avals
+        if self.kept is not None:
+            for want, have, what in zip(self._masks(), self.kept, ("consts", "carry", "xs")):
+                if any(w and not h for w, h in zip(want, have)):
+                    raise ValueError(
+                        f"retrograde: this reverse sweep differentiates {what} leaves that its "
+                        "forward sweep kept no data for (its data were linearized in fewer "
+                        "leaves); differentiate the loop in those leaves too."
+                    )
         if tables is not None and slots:
-            self.pool = _pool.plan(self.body, tables, avals, rows=slots[0].shape[0])
-        if self.pool is not None:
-            avals = [avals[j] for j in self.pool.rest]
-        return zeros_after(avals, (n_rows,), deps)
+            self.pool = _pool.plan(self.body, tables, lin.stored_avals, rows=slots[0].shape[0])
+        return zeros_after(_pool.rest_avals(self.pool, lin.stored_avals), (n_rows,), deps)
 
     def linearize(self, cur, i):
         """Step ``i`` from ``cur`` keeping its data: ``(next state, stored residuals)``."""
@@ -205,49 +224,48 @@ class StepRunner:
     def reverse_from(self, i, data, kbar, cbar, xbar):
         """The VJP of step ``i`` from its stored residuals ``data`` (no evaluation), as
         :meth:`record`."""
-        dc, dk, dx = self.linearization().vjp(
-            self.consts,
-            row(self.xs, i),
-            self.invariants,
-            data,
-            [*kbar, *self.ybar_row(i)],
-            self.sums,
+        lin = self.linearization()
+        sums = self.sums
+        if self.kept is not None:  # one per const linearized in; those not wanted: unsummed
+            given = iter(self.sums)
+            sums = [next(given) if w else () for w, h in zip(self.fc, self.kept[0]) if h]
+        dc, dk, dx = lin.vjp(
+            self.consts, row(self.xs, i), self.invariants, data, [*kbar, *self.ybar_row(i)], sums
         )
+        if self.kept is not None:  # linearized in more leaves: those this sweep differentiates
+            dc, dk, dx = (
+                _within(v, have, want)
+                for v, have, want in zip((dc, dk, dx), self.kept, self._masks())
+            )
         given = iter(dk)  # for the float carry leaves not held; held ones get zeros
         dk = [jnp.zeros_like(k) if held else next(given) for k, held in zip(kbar, self.held_k)]
         xbar = put_row(xbar, dx, i) if xbar else xbar
         return dk, [a + b for a, b in zip(cbar, dc)], xbar
 
     def data_forward(self, act, cur, slots, data):
-        """A ``DATA`` leaf's evaluations (nothing for other actions): steps ``start .. stop - 2``
-        from the state at hand, each keeping its data in row ``n - start`` (pooled residuals in
-        the snapshot buffer ``slots`` from the leaf's level on). Returns ``(cur, slots,
-        data)``."""
-        pool = self.pool
+        """A ``DATA`` leaf's evaluations (nothing for other actions, nor for a leaf whose data
+        the forward sweep kept, ``fresh == LINEARIZED``): steps ``start .. stop - 2`` from the
+        state at hand, each keeping its data in row ``n - start`` (pooled residuals in the
+        snapshot buffer ``slots`` from the leaf's level on, :func:`._pool.keep`). Returns
+        ``(cur, slots, data)``."""
 
         def one(j, st):
             cur, slots, data = st
             cur, d = self.linearize(cur, act.start + j)
-            if pool is None:
-                return cur, slots, put_row(data, d, j)
-            slots = _pool.write(pool, slots, act.store, j, d)
-            return cur, slots, put_row(data, [d[k] for k in pool.rest], j)
+            return cur, *_pool.keep(self.pool, slots, data, act.store, j, d)
 
-        w = jnp.where(act.kind == machine.DATA, act.stop - 1 - act.start, 0)
+        evaluates = (act.kind == machine.DATA) & (act.fresh != LINEARIZED)
+        w = jnp.where(evaluates, act.stop - 1 - act.start, 0)
         return lax.fori_loop(0, w, one, (cur, slots, data))
 
     def data_records(self, act, slots, data, kbar, cbar, xbar):
         """A ``DATA`` leaf's reversals from data (nothing for other actions): steps
         ``stop - 2`` down to ``start``, after its last step was recorded."""
-        pool = self.pool
         avals = self.linearization().stored_avals
 
         def one(j, state):
             k = act.stop - 2 - j
-            i = k - act.start
-            d = row(data, i)
-            if pool is not None:
-                d = _pool.merge(pool, _pool.read(pool, slots, act.store, i), d, avals)
+            d = _pool.fetch(self.pool, slots, data, act.store, k - act.start, avals)
             return self.reverse_from(k, d, *state)
 
         w = jnp.where(act.kind == machine.DATA, act.stop - 1 - act.start, 0)
@@ -306,6 +324,17 @@ class StepRunner:
         return lax.fori_loop(0, count, one, state)
 
 
+def _within(values, have, want) -> list:
+    """``values`` over the leaves ``have`` selects, restricted to those ``want`` selects (a
+    subset)."""
+    out, it = [], iter(values)
+    for h, w in zip(have, want):
+        v = next(it) if h else None
+        if w:
+            out.append(v)
+    return out
+
+
 def reverse(
     steps: StepRunner,
     source: MacroActionSource,
@@ -316,10 +345,12 @@ def reverse(
     xbar,
     data=(),
     n_steps=None,
+    first=None,
 ):
     """Execute the macro-actions of ``source`` from the state ``cur`` and snapshot rows
     ``slots`` (and, for ``DATA`` leaves, the data rows ``data``, :meth:`StepRunner.data_rows`).
-    ``n_steps``: the steps reversed, if it may be zero (traced; then nothing runs).
+    ``n_steps``: the steps reversed, if it may be zero (traced; then nothing runs). ``first``:
+    a leaf (int32[7], :meth:`._tables.Tables.lead_action`) executed before the source's actions.
 
     One iteration per leaf: the moves before it, in a loop of their own (the cotangents are not
     its operands), then the leaf, whose records run unconditionally (a conditional's untaken
@@ -378,6 +409,8 @@ def reverse(
         return (m, act, cur, slots, data, kbar, cbar, xbar)
 
     act = _NOP if n_steps is None else jnp.where(n_steps > 0, _NOP, _DONE)
+    if first is not None:  # a leaf is not a move: the first trip executes it
+        act = first
     idx0 = jnp.zeros(jax.eval_shape(source.leaf_slots, source.state).shape, i32)
     state = (source.state, act, list(cur), list(slots), list(data), list(kbar), cbar, xbar)
     state = lax.while_loop(lambda c: c[1][0] != machine.DONE, one_leaf, state)
@@ -417,10 +450,16 @@ def adjoint(
     keep=None,
     axes=(),
     sums=None,
+    kept=None,
 ):
     """Execute the schedule's reverse sweep from the forward sweep's snapshots ``snaps`` (as
     :func:`._forward_sweep.forward` returns them), or, with ``snaps is None``, its forward sweep
     first; return the cotangents of the float leaves of consts, carry_0 and xs.
+
+    With a lead leaf (:attr:`._tables.Tables.lead`) the forward keeps its data, linearized in
+    the leaves of ``kept`` (``fwd_p``'s; the reverse's own forward: in the leaves it
+    differentiates), and the reverse starts by reversing it from them. Snapshots laid without
+    (``kept is None``) have the reverse linearize the lead leaf again (``Tables.relinearized``).
 
     ``carry_bar`` holds one cotangent per float carry leaf; ``ys_bar`` one per float ``y`` leaf
     whose ``ymask`` entry is True (the others are zero and never materialised). ``keep`` (a
@@ -432,32 +471,51 @@ def adjoint(
     consts_bar, xs_bar = _cotangent_init(body, consts, xs, keep, sums)
     if tables.length == 0:
         return consts_bar, list(carry_bar), xs_bar
-    steps = StepRunner(body, consts, xs, ys_bar, ymask, keep, bool(axes), sums)
+    steps = StepRunner(
+        body, consts, xs, ys_bar, ymask, keep, bool(axes), sums, kept if snaps is not None else None
+    )
     ns = sum(body.stored)
 
-    def sweep(snaps, off=None):
+    def sweep(snaps, off=None, lead=False):
         steps.off = off
         if off is not None:  # the stored snapshots are batched as u_{N-1} is
-            off.tags = tags_of(snaps[ns:])
-        data = []
-        if tables.data_rows:
-            data = steps.data_rows(tables.data_rows, [*carry_bar, *carry0], tables, snaps[:ns])
+            off.tags = tags_of(snaps[ns : 2 * ns])
+        rows = []
+        if tables.data_rows:  # zeros, or the forward's (its lead leaf's data)
+            rows = steps.data_rows(tables.data_rows, [*carry_bar, *carry0], tables, snaps[:ns])
+            rows = snaps[2 * ns :] if lead else rows
         kbar, cbar, xbar = reverse(
-            steps, source_for(tables), snaps[ns:], snaps[:ns], carry_bar, consts_bar, xs_bar, data
+            steps,
+            source_for(tables, after_lead=lead),
+            snaps[ns : 2 * ns],
+            snaps[:ns],
+            carry_bar,
+            consts_bar,
+            xs_bar,
+            rows,
+            first=jnp.asarray(tables.lead_action()) if lead else None,
         )
         if off is not None:  # the last read of the store: release it
             off.close()
         return cbar, kbar, xbar
 
+    lead = tables.lead is not None and (snaps is None or kept is not None)
     if snaps is not None:
         snaps = list(snaps)
         if tables.offload is None:
-            return sweep(snaps)
+            return sweep(snaps, lead=lead)
         return sweep(snaps[:-1], Offload(tables.offload, snaps[-1]))
 
     def own():
         rows = zeros_after(body.snapshot_avals, (_pool.rows(body, tables),), [*carry_bar, *carry0])
         off = Offload.open(tables.offload) if tables.offload is not None else None
+        data = None
+        if lead:  # the lead leaf's data, linearized as this sweep's leaves are
+            lin = steps.linearization()
+            pool = (
+                _pool.plan(body, tables, lin.stored_avals, rows=rows[0].shape[0]) if rows else None
+            )
+            data = (lin, pool)
         _, _, own_snaps = forward(
             body,
             tables.length,
@@ -469,8 +527,9 @@ def adjoint(
             slots=rows,
             batched=bool(axes),
             off=off,
+            lead=data,
         )
-        return sweep(own_snaps, off)
+        return sweep(own_snaps, off, lead)
 
     def zero():
         return consts_bar, [jnp.zeros_like(k) for k in carry_bar], xs_bar

@@ -13,6 +13,7 @@ functions of it; :class:`MacroActionSource` declares what the executor reads. Th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -137,8 +138,31 @@ class RowSource:
         )
 
 
-def source_for(tables: Tables) -> MacroActionSource:
-    """The source of an offline schedule's reversal for a known step count."""
+def source_for(tables: Tables, after_lead: bool = False) -> MacroActionSource:
+    """The source of an offline schedule's reversal for a known step count; with
+    ``after_lead``, of what follows the lead leaf (:attr:`._tables.Tables.lead`, executed first
+    from the data the forward kept): the rows after those it replaces, or the in-graph machine
+    on the steps ``0 .. start - 1`` from the stores below ``start``, nothing at hand."""
+    if after_lead:
+        assert tables.lead is not None
+        if tables.rows is not None:
+            k = tables.lead_rows
+            more = tables.leaves is not None and len(tables.rows) > k  # else none to read
+            leaves = tables.leaves[k:] if more else None
+            return RowSource(dataclasses.replace(tables, rows=tables.rows[k:], leaves=leaves))
+        start = tables.lead[0]
+        below = tables.store_steps < start
+        steps, slots, _ = dataclasses.replace(
+            tables, store_steps=tables.store_steps[below], store_slots=tables.store_slots[below]
+        ).held
+        count = int(below.sum())
+        return BinomialSource(
+            tables.n_slots,
+            lambda: (jnp.asarray(steps), jnp.asarray(slots), count),
+            start,
+            at_hand=False,
+            rule=tables.rule,
+        )
     if tables.rows is not None:
         return RowSource(tables)
     steps, slots, count = tables.held

@@ -40,6 +40,10 @@ from ._binomial import CAP
 from ._machine import DATA, LEAF, MOVE, REVOLVE, Rule
 from ._offload_runs import Layout, offloaded
 
+#: A ``DATA`` action's ``fresh`` when its steps' data are in its rows already (kept by the
+#: forward sweep, :attr:`Tables.lead`): its last state at hand, no evaluation keeping data.
+LINEARIZED = 2
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Tables:
@@ -63,12 +67,21 @@ class Tables:
             schedule reverses no step from data).
         rule: the machine's leaves and splits, for the binomial reversal (``rows`` from the
             machine, or ``None``): :func:`register_rule`.
-        relinearized: steps the schedule's first sweep linearizes that the compiled reverse
-            sweep evaluates again: the compiled forward sweep keeps snapshots, not data, so it
-            stores the state that run starts from and the first ``DATA`` leaf linearizes the run
-            from it. A compiled gradient evaluates the step ``evaluations + 1 + relinearized``
+        lead: ``None``, or ``(start, level)`` when the schedule's first sweep ends by
+            linearizing steps ``start .. N - 2`` (its rightmost leaf, ``[start, N)``, reversed
+            from data; ``level``: the leaf's, ``-1`` for data rows of their own): a forward
+            sweep that keeps their data (:func:`._forward_sweep.forward` with ``lead``) writes
+            it into the rows that leaf reads, and the reverse sweep starts with
+            :meth:`lead_action` (no evaluation but the record of ``N - 1``), then the actions
+            of :meth:`after_lead`.
+        relinearized: the steps a reverse sweep evaluates again when its forward kept states
+            only (the snapshots an HVP's augmented sweep shares): it stores the state the run
+            starts from and the first ``DATA`` leaf linearizes the run from it (``N - 1 -
+            start`` with a ``lead``). A compiled gradient evaluates the step ``evaluations + 1``
             times (:class:`~retrograde.schedules.Stats`; the ``1``: the forward sweep's last
-            step, for ``u_N``).
+            step, for ``u_N``), plus ``relinearized`` where the forward kept no data.
+        lead_rows: with ``rows`` and a ``lead``: the leading rows that reverse ``[start, N)``
+            (what :meth:`lead_action` replaces).
     """
 
     length: int
@@ -82,6 +95,17 @@ class Tables:
     data_rows: int = 0
     relinearized: int = 0
     rule: Rule = REVOLVE
+    lead: tuple[int, int] | None = None
+    lead_rows: int = 0
+
+    def lead_action(self) -> np.ndarray:
+        """The ``DATA`` leaf ``[start, N)`` whose data the forward sweep kept: no restore (its
+        last state ``u_{N-1}`` is at hand), ``fresh = LINEARIZED`` (no evaluation keeping
+        data), its rows at its level."""
+        assert self.lead is not None
+        start, level = self.lead
+        n = self.length
+        return np.asarray([DATA, -1, start, n, n - 1, level, LINEARIZED], np.int32)
 
     @property
     def held(self):
@@ -146,6 +170,7 @@ def tables_for(schedule: OfflineSchedule, length: int) -> Tables:
             slots = min(slots, length - 1)
         n_slots = max(1, len(stores), slots)
         steps = np.asarray(stores, np.int32)
+        relinearized = rule.relinearized(tuple(stores), length)
         tables = Tables(
             length,
             n_slots,
@@ -153,8 +178,10 @@ def tables_for(schedule: OfflineSchedule, length: int) -> Tables:
             np.arange(len(steps), dtype=np.int32),
             None,
             data_rows=rule.data_rows(n_slots),
-            relinearized=rule.relinearized(tuple(stores), length),
+            relinearized=relinearized,
             rule=rule,
+            # the rightmost leaf [q, N), q the last store (slot and level len(stores) - 1)
+            lead=(length - 1 - relinearized, len(stores) - 1) if relinearized else None,
         )
         rows = _machine_rows(tables)
         if rows is None and rule.split is None:
@@ -173,8 +200,26 @@ def tables_for(schedule: OfflineSchedule, length: int) -> Tables:
                     "read off a table) or more snapshots."
                 )
             return tables
-        return dataclasses.replace(tables, rows=rows[0], free_order=rows[1], leaves=rows[2])
-    return _row_tables(schedule, length)
+        tables = dataclasses.replace(tables, rows=rows[0], free_order=rows[1], leaves=rows[2])
+        return _with_lead_rows(tables)
+    return _with_lead_rows(_row_tables(schedule, length))
+
+
+def _with_lead_rows(tables: Tables) -> Tables:
+    """``tables`` with ``lead_rows``: the leading rows that reverse the lead leaf ``[start,
+    N)`` (leaves within it, e.g. the trailing record of ``N - 1`` and a ``DATA`` leaf); no
+    ``lead`` where they do not cover it alone (the forward then keeps states only)."""
+    if tables.lead is None or tables.rows is None:
+        return tables
+    start, k = tables.lead[0], 0
+    covered: set[int] = set()
+    rows = tables.rows
+    while k < len(rows) and rows[k][0] in (LEAF, DATA) and rows[k][2] >= start:
+        covered.update(range(int(rows[k][2]), int(rows[k][3])))
+        k += 1
+    if covered != set(range(start, tables.length)):
+        return dataclasses.replace(tables, lead=None)
+    return dataclasses.replace(tables, lead_rows=k)
 
 
 # A binomial reversal of at most this many macro-actions is read off a table; a longer one runs
@@ -330,7 +375,7 @@ def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
     if length and at != length - 1 and not (run is not None and at == length):
         raise ValueError(f"{schedule!r}: the first sweep must end at step {length - 1}.")
 
-    pending, relinearized = None, 0
+    pending, relinearized, lead = None, 0, None
     if run is not None:
         if layout is not None:
             raise ValueError(
@@ -348,6 +393,7 @@ def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
             n_slots = max(n_slots, where[run] + 1)
         pending = (run, at, where[run])
         relinearized = min(at, length - 1) - run
+        lead = (run, -1) if relinearized else None
     translated = _Rows(offset, pending).run(actions[k:])
     translated.finish(schedule)
     pts = np.asarray(stores, np.int32).reshape(-1, 2)
@@ -360,6 +406,7 @@ def _row_tables(schedule: OfflineSchedule, length: int) -> Tables:
         layout,
         data_rows=translated.data_rows,
         relinearized=relinearized,
+        lead=lead,
     )
 
 

@@ -60,7 +60,7 @@ class TanArgs(NamedTuple):
     dxs: list
 
     @classmethod
-    def of(cls, args, body: Body, plan: LoopPlan, has_snaps: bool, masks):
+    def of(cls, args, body: Body, plan: LoopPlan, has_snaps: bool, masks, kept=None):
         mc, mk, mx = masks
         return split_groups(
             cls,
@@ -70,7 +70,7 @@ class TanArgs(NamedTuple):
                 body.nc,
                 body.nk,
                 body.nx,
-                plan.n_snapshots(body) if has_snaps else 0,
+                plan.n_snapshots(body, kept) if has_snaps else 0,
                 sum(mc),
                 sum(mk),
                 sum(mx),
@@ -107,7 +107,7 @@ def _tan_outs(body, plan, masks, save_tangents):
 
 
 tan_p.def_effectful_abstract_eval(
-    lambda *a, body, plan, has_snaps, masks, save_tangents, batch_levels: (
+    lambda *a, body, plan, has_snaps, masks, save_tangents, kept, batch_levels: (
         _batch_levels.batched_avals(_tan_outs(body, plan, masks, save_tangents), batch_levels),
         jvp_body(body, *masks)[0].effects | (stored_effects(plan.offload) if has_snaps else set()),
     )
@@ -117,8 +117,8 @@ tan_p.def_effectful_abstract_eval(
 # ----------------------------------------------------------------------------- lowering
 
 
-def _tan_impl(args, body, plan, has_snaps, masks, save_tangents, axes):
-    a = TanArgs.of(args, body, plan, has_snaps, masks)
+def _tan_impl(args, body, plan, has_snaps, masks, save_tangents, kept, axes):
+    a = TanArgs.of(args, body, plan, has_snaps, masks, kept)
     if has_snaps and plan.offload is not None:
         # The tangent loop never reads the snapshots (they are there for its transpose, which
         # would have replaced it): a tangent that runs is their last holder, so it releases them.
@@ -164,11 +164,12 @@ mlir.register_lowering(tan_p, lowering(_tan_impl))
 # ----------------------------------------------------------------------------- bind
 
 
-def apply_tangent(body, plan, z, snaps, dz, steps=(), save_tangents=False):
+def apply_tangent(body, plan, z, snaps, dz, steps=(), save_tangents=False, kept=None):
     """``J(z) dz`` as full leaf lists ``(carry_N_dot, ys_dot)`` with symbolic zeros.
 
     ``z = (consts, carry, xs)`` and ``dz`` alike (entries may be symbolic zeros); ``snaps`` are
-    the snapshots (or an empty list); ``steps`` the run-time step count (while loops). With
+    the snapshots (or an empty list), with the lead leaf's data if ``kept`` (``fwd_p``'s);
+    ``steps`` the run-time step count (while loops). With
     ``save_tangents`` (a loop of known length without offloaded slots), also the tangents of the
     snapshots that the forward sweep lays, laid out as those (symbolic zeros where a stored
     leaf has no tangent): ``(carry_N_dot, ys_dot, snaps_dot)``.
@@ -201,6 +202,7 @@ def apply_tangent(body, plan, z, snaps, dz, steps=(), save_tangents=False):
         has_snaps=bool(snaps),
         masks=(mc, mk, mx),
         save_tangents=save_tangents,
+        kept=kept if snaps else None,
         batch_levels=(),
     )
     saved = pick(body.stored, _saved_tangents(body, (mc, mk, mx)))
@@ -215,17 +217,21 @@ def apply_tangent(body, plan, z, snaps, dz, steps=(), save_tangents=False):
 # ----------------------------------------------------------------------------- JVP
 
 
-def _tan_jvp(primals, tangents, *, body, plan, has_snaps, masks, save_tangents, batch_levels):
-    a = TanArgs.of(primals, body, plan, has_snaps, masks)
-    t = TanArgs.of(tangents, body, plan, has_snaps, masks)
+def _tan_jvp(primals, tangents, *, body, plan, has_snaps, masks, save_tangents, kept, batch_levels):
+    a = TanArgs.of(primals, body, plan, has_snaps, masks, kept)
+    t = TanArgs.of(tangents, body, plan, has_snaps, masks, kept)
     child, _, _ = jvp_body(body, *masks)
+    if kept is not None and any(nonzero(v) for v in t.snaps):
+        # Snapshots with tangents were laid by a JVP of ``fwd_p``: states only (see there).
+        a, kept = a._replace(snaps=a.snaps[: plan.n_snapshots(body)]), None
     out = tan_p.bind(
-        *primals,
+        *flat(a),
         body=body,
         plan=plan,
         has_snaps=has_snaps,
         masks=masks,
         save_tangents=save_tangents,
+        kept=kept,
         batch_levels=(),
     )
     zk, zy = apply_tangent(
@@ -247,12 +253,12 @@ ad.primitive_jvps[tan_p] = _batch_levels.jvp_rule(_tan_jvp)
 # ----------------------------------------------------------------------------- transpose
 
 
-def _tan_transpose(cts, *args, body, plan, has_snaps, masks, save_tangents, batch_levels):
+def _tan_transpose(cts, *args, body, plan, has_snaps, masks, save_tangents, kept, batch_levels):
     from ._adj_p import WrtMasks, apply_adjoint  # here: _adj_p imports this module
 
     mc, mk, mx = masks
     _, _, my = jvp_body(body, mc, mk, mx)
-    a = TanArgs.of(args, body, plan, has_snaps, masks)
+    a = TanArgs.of(args, body, plan, has_snaps, masks, kept)
     if any(undefined(v) for v in [*a.steps, *a.consts, *a.carry, *a.xs, *a.snaps]):
         raise NotImplementedError("retrograde: tan_p is linear only in its tangent inputs.")
     ctk, cty = cut(cts, [sum(mk), sum(my)])  # the saved snapshot tangents are a cache
@@ -261,11 +267,19 @@ def _tan_transpose(cts, *args, body, plan, has_snaps, masks, save_tangents, batc
     ybar = expand(my, cty, y_avals)
     # Carry leaves without a tangent are held constant (nothing with a tangent depends on them).
     keep = WrtMasks.every(body)._replace(carry=tuple(floats_of(mk, body.carry_avals)))
-    bar = apply_adjoint(body, plan, a.z, a.snaps, kbar, ybar, a.steps, keep)
+    if kept is not None:  # the data kept are linearized in the leaves with tangents only
+        keep = keep._replace(
+            consts=tuple(floats_of(mc, body.const_avals)), xs=tuple(floats_of(mx, body.x_avals))
+        )
+    bar = apply_adjoint(body, plan, a.z, a.snaps, kbar, ybar, a.steps, keep, kept=kept)
+    x_avals = xs_avals(body, plan.length) if not plan.dynamic else []
     full = (
-        full_from_floats(bar.consts, body.const_avals),
+        full_from_floats(
+            expand(keep.consts, bar.consts, floats_of(body.const_avals, body.const_avals)),
+            body.const_avals,
+        ),
         full_from_floats(bar.carry, body.carry_avals),
-        full_from_floats(bar.xs, xs_avals(body, plan.length) if not plan.dynamic else []),
+        full_from_floats(expand(keep.xs, bar.xs, floats_of(x_avals, body.x_avals)), x_avals),
     )
     out = [None] * (len(a.steps) + len(a.consts) + len(a.carry) + len(a.xs) + len(a.snaps))
     for vals, mask, f in zip(a.dz, masks, full):
@@ -303,12 +317,12 @@ pe.dce_rules[tan_p] = _tan_dce
 # ----------------------------------------------------------------------------- batching
 
 
-def _tan_out_axes(data, dims, *, body, plan, has_snaps, masks, save_tangents):
+def _tan_out_axes(axis, dims, *, body, plan, has_snaps, masks, save_tangents, kept):
     """The batching of the tangent outputs, from the parent body with a leaf batched where its
     value or its tangent is: the tangent of an output depends only on inputs (and their
     tangents) that the output itself depends on. (The tangent body is not analysed: it may hold
     a ``custom_vjp``'s linearisation, which only transposes.)"""
-    d = TanArgs.of(dims, body, plan, has_snaps, masks)
+    d = TanArgs.of(dims, body, plan, has_snaps, masks, kept)
     check_unbatched_steps(d.steps)
 
     def union(values, tangents, mask):
@@ -320,7 +334,7 @@ def _tan_out_axes(data, dims, *, body, plan, has_snaps, masks, save_tangents):
     mc, mk, mx = masks
     carry_b, ys_b = carry_fixpoint(
         body.jaxpr,
-        data,
+        axis,
         union(d.consts, d.dconsts, mc),
         union(d.carry, d.dcarry, mk),
         union(d.xs, d.dxs, mx),

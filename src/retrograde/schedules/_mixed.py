@@ -467,7 +467,9 @@ class Mixed(OfflineSchedule):
         """The starts stored along the tree's rightmost path, in slots ``0, 1, ...`` (one per
         level): a compiled loop's forward sweep stores these, and its reversal is the tree's
         (``retrograde.loops``). The last one starts the rightmost leaf (unless that leaf is one
-        step), which the reversal linearizes again from it.
+        step), whose steps a gradient's forward sweep linearizes, keeping their data, as the
+        first sweep of :meth:`actions` does (a reversal from states only, as an HVP's, linearizes
+        them again from that start).
 
         Example:
             >>> Mixed(3).binomial_stores(20), Mixed(3).binomial_stores(4)
