@@ -202,12 +202,27 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
         )
 
 
+def first_order_inner_while_loop(cond_fun, body_fun, init_val, *, max_steps, buffers=None, **_):
+    """:func:`inner_while_loop` in the step that is only executed or reverse-differentiated once
+    (``first_order_body_fun``): a save loop runs its rows once each, its VJP a ``custom_vjp``
+    (``bounded_while_loop(first_order=True)``)."""
+    if max_steps is None:
+        raise ValueError("retrograde.diffrax: an inner loop needs max_steps.")
+    return bounded_while_loop(
+        cond_fun, body_fun, init_val, max_steps=max_steps, buffers=buffers, first_order=True
+    )
+
+
 def _outer_loop(cond_fun, body_fun, init_val, *, solver, fast_solver, **kwargs):
     """:func:`outer_while_loop`, given as ``first_order_body_fun`` diffrax's step with
-    ``fast_solver`` in place of ``solver`` (if the step closes over ``solver``)."""
-    fast = None
+    ``fast_solver`` in place of ``solver`` (if the step closes over ``solver``) and
+    :func:`first_order_inner_while_loop` in place of :func:`inner_while_loop`."""
+    fast = body_fun
     if fast_solver is not None:
-        fast = with_replaced(body_fun, solver, fast_solver)
+        fast = with_replaced(fast, solver, fast_solver) or fast
+    fast = with_replaced(fast, inner_while_loop, first_order_inner_while_loop) or fast
+    if fast is body_fun:
+        fast = None
     if jax.sharding.get_abstract_mesh().manual_axes:
         init_val = _varying_init(body_fun, init_val)
     return outer_while_loop(cond_fun, body_fun, init_val, first_order_body_fun=fast, **kwargs)
