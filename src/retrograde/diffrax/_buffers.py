@@ -499,14 +499,13 @@ def _hoisted(fun, *example):
     out_tree = jtu.tree_structure(shape)
     n_args = len(jtu.tree_leaves(example))
 
+    n_consts = len(closed.consts)
+
     def f(*args_consts):
-        args, consts = (
-            args_consts[: -len(closed.consts) or None],
-            args_consts[len(args_consts) - len(closed.consts) :],
-        )
-        flat = jtu.tree_leaves(args)
+        cut = len(args_consts) - n_consts
+        flat = jtu.tree_leaves(args_consts[:cut])
         assert len(flat) == n_args
-        return jtu.tree_unflatten(out_tree, core.eval_jaxpr(jaxpr, (), *consts, *flat))
+        return jtu.tree_unflatten(out_tree, core.eval_jaxpr(jaxpr, (), *args_consts[cut:], *flat))
 
     return f, list(closed.consts)
 
