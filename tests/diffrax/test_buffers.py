@@ -3,7 +3,9 @@
 Its two ways of running -- an integer carry (replayed: a ``lax.while_loop`` over the iterations
 that happen, then one vectorised evaluation of the rows written, rounded up to a tier of 2, 4,
 8, ... rows: the cases below hit every tier of 12) and a carry with floats (a
-masked ``lax.scan``) -- against a closed form, in every derivative mode, float64.
+masked ``lax.scan``) -- against a closed form, in every derivative mode, float64; and the
+first-order form of the integer carry (``first_order=True``: each row evaluated once in the
+loop, its VJP a ``custom_vjp``) in first-order modes, with its structure and evaluation count.
 """
 
 from __future__ import annotations
