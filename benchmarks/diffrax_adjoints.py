@@ -21,6 +21,16 @@ them): DirectAdjoint's HVP at N = 4000.
     python benchmarks/diffrax_adjoints.py --markdown # a Markdown table
     python benchmarks/diffrax_adjoints.py --acceptance  # the issue's speed check, ~5 minutes
 
+``--small`` runs issue #33's small adaptive ODE instead (4-dim state, 4-32-4 tanh MLP, Tsit5,
+``PIDController(rtol=atol=1e-6)``, ``SaveAt`` at 50 times, ``max_steps=4096``, float64; the
+problem of ``overhead.py``'s and ``compile_time.py``'s ``diffrax``/``node`` cases), and the same
+with 1000 constant steps: the first-order gradient of CheckpointAdjoint, RecursiveCheckpoint and
+DirectAdjoint, compiled, then called in turn (``--repeats`` rounds, default 41), each one's
+minimum and median and its median's ratio to RecursiveCheckpoint's and DirectAdjoint's (target:
+CheckpointAdjoint <= 1.0x RecursiveCheckpoint on the adaptive solve).
+
+    python benchmarks/diffrax_adjoints.py --small   # ~1 minute
+
 ``--acceptance`` times the first-order gradient of ``CheckpointAdjoint`` against
 ``RecursiveCheckpointAdjoint`` at about 4000 steps, on the adaptive problem (``SaveAt(ts=...)``
 at 100 times, ``max_steps`` 4096; the interval is chosen to take about 4000 steps, and the
@@ -44,7 +54,7 @@ import numpy as np
 
 from retrograde.diffrax import CheckpointAdjoint
 
-from _common import prepare, time_round_robin
+from _common import prepare, print_table, time_round_robin
 
 BATCH, DIM, WIDTH, DEPTH = 64, 2, 64, 2
 T1 = 1.0
@@ -177,6 +187,91 @@ def acceptance(repeats: int) -> None:
         del compiled
 
 
+SMALL_RUNS = {
+    "PIDController(1e-6), 50 saves": dict(
+        t1=50.0, max_steps=4096, controller=lambda: diffrax.PIDController(rtol=1e-6, atol=1e-6)
+    ),
+    "1000 constant steps, 50 saves": dict(
+        t1=10.0, max_steps=1000, controller=diffrax.ConstantStepSize
+    ),
+}
+
+
+def small_loss(adjoint, t1, max_steps, controller, with_steps=False):
+    """Issue #33's small adaptive ODE: ``y' = R y + 0.1 mlp(y)`` (``R`` two rotations, of
+    frequencies 1 and 3), 4-dim state, the loss ``mean(ys**2)`` over 50 save times."""
+    mlp = eqx.nn.MLP(4, 4, 32, 1, activation=jnp.tanh, key=jr.PRNGKey(0))
+    params, static = eqx.partition(mlp, eqx.is_array)
+    rot = jnp.asarray([[0, 1, 0, 0], [-1, 0, 0, 0], [0, 0, 0, 3], [0, 0, -3, 0]], jnp.float64)
+    y0 = jnp.asarray([1.0, -0.5, 0.25, 0.8])
+
+    def loss(p):
+        net = eqx.combine(p, static)
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(lambda t, y, a: rot @ y + 0.1 * net(y)),
+            diffrax.Tsit5(),
+            0.0,
+            t1,
+            0.01,
+            y0,
+            saveat=diffrax.SaveAt(ts=jnp.linspace(0.0, t1, 50)),
+            stepsize_controller=controller(),
+            adjoint=adjoint,
+            max_steps=max_steps,
+        )
+        out = jnp.mean(sol.ys**2)
+        return (out, sol.stats["num_steps"]) if with_steps else out
+
+    return loss, params
+
+
+def small(repeats: int, markdown: bool) -> None:
+    """The first-order gradient of the small ODE under each adjoint: times from one run (the
+    adjoints take turns), ratios of medians to RecursiveCheckpoint and to DirectAdjoint."""
+    names = ("CheckpointAdjoint", "RecursiveCheckpoint", "DirectAdjoint")
+    rows = []
+    for label, kw in SMALL_RUNS.items():
+        count, params = small_loss(diffrax.RecursiveCheckpointAdjoint(), with_steps=True, **kw)
+        steps = int(jax.jit(count)(params)[1])
+        compiled, outs, compile_s = {}, {}, {}
+        for name in names:
+            c, out, c_s, _ = prepare(jax.grad(small_loss(ADJOINTS[name](), **kw)[0]), params)
+            compiled[name], outs[name], compile_s[name] = c, flat(out), c_s
+        times = time_round_robin(compiled, (params,), repeats)
+        med = {name: float(np.median(v)) for name, v in times.items()}
+        ref = outs["DirectAdjoint"]
+        for name in names:
+            err = float(np.max(np.abs(outs[name] - ref)) / np.max(np.abs(ref)))
+            rows.append(
+                [
+                    f"{label} ({steps} steps)",
+                    name,
+                    f"{compile_s[name]:.1f}",
+                    f"{1e3 * min(times[name]):.2f}",
+                    f"{1e3 * med[name]:.2f}",
+                    f"{med[name] / med['RecursiveCheckpoint']:.2f}",
+                    f"{med[name] / med['DirectAdjoint']:.2f}",
+                    f"{err:.1e}",
+                ]
+            )
+    print_table(
+        f"Small ODE, first-order gradient, {repeats} rounds (ms; ratios of medians)",
+        [
+            "run",
+            "adjoint",
+            "compile s",
+            "min ms",
+            "median ms",
+            "/ Recursive",
+            "/ Direct",
+            "rel. error vs Direct",
+        ],
+        rows,
+        markdown,
+        left=2,
+    )
+
+
 def _stats(v):
     v = sorted(v)
     return v[0], v[len(v) // 5], float(np.median(v))
@@ -202,7 +297,15 @@ def main():
         action="store_true",
         help="time the first-order gradient against RecursiveCheckpoint at ~4000 steps",
     )
+    ap.add_argument(
+        "--small",
+        action="store_true",
+        help="issue #33's small adaptive ODE: first-order gradient against Recursive and Direct",
+    )
     args = ap.parse_args()
+    if args.small:
+        small(args.repeats or 41, args.markdown)
+        return
     if args.acceptance:
         acceptance(args.repeats or 9)
         return

@@ -108,15 +108,24 @@ def _as_dtype(x, dtype):
     return x if x.dtype == dtype else x.astype(dtype)
 
 
-def inner_while_loop(cond_fun, body_fun, init_val, *, max_steps, buffers=None, **_):
+def inner_while_loop(
+    cond_fun, body_fun, init_val, *, max_steps, buffers=None, first_order=False, **_
+):
     """The loops diffrax nests inside one step (the ``SaveAt(ts=...)`` save loop):
     :func:`bounded_while_loop`, differentiable in every mode, its size bounded by its own
     ``max_steps`` (the number of save times), independent of the solver's ``max_steps``. The save
     loop's carry is two indices, so it runs only the saves the step makes and then evaluates
-    their values in one vectorised pass."""
+    their values in one vectorised pass; with ``first_order`` (``first_order_inner_while_loop``,
+    in the step that is only executed or reverse-differentiated) each value once, in the loop
+    that runs the saves, its VJP a ``custom_vjp``."""
     if max_steps is None:
         raise ValueError("retrograde.diffrax: an inner loop needs max_steps.")
-    return bounded_while_loop(cond_fun, body_fun, init_val, max_steps=max_steps, buffers=buffers)
+    return bounded_while_loop(
+        cond_fun, body_fun, init_val, max_steps=max_steps, buffers=buffers, first_order=first_order
+    )
+
+
+first_order_inner_while_loop = ft.partial(inner_while_loop, first_order=True)
 
 
 class CheckpointAdjoint(diffrax.AbstractAdjoint):
@@ -146,7 +155,9 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
     recomputation, first-order reverse sweeps; see ``while_loop``'s ``first_order_body_fun``):
     the two are diffrax's step built twice, once around each version of the solver, unless the
     solver sets ``scan_kind`` itself. ``SaveAt(ts=...)`` save loops run the saves a step makes,
-    then evaluate the saved values in one vectorised pass (see ``bounded_while_loop``). A
+    evaluating each saved value once where the step is only executed or reverse-differentiated
+    (its VJP a ``custom_vjp`` over the same saves), and in one vectorised pass where it is
+    transformed further (see ``bounded_while_loop``). A
     progress meter's state gets no derivative. Save buffers subclass equinox's private buffer
     type, so diffrax's runtime type annotations accept them (see ``_private.py``).
 
@@ -204,10 +215,14 @@ class CheckpointAdjoint(diffrax.AbstractAdjoint):
 
 def _outer_loop(cond_fun, body_fun, init_val, *, solver, fast_solver, **kwargs):
     """:func:`outer_while_loop`, given as ``first_order_body_fun`` diffrax's step with
-    ``fast_solver`` in place of ``solver`` (if the step closes over ``solver``)."""
-    fast = None
+    ``fast_solver`` in place of ``solver`` (if the step closes over ``solver``) and
+    ``first_order_inner_while_loop`` in place of :func:`inner_while_loop`."""
+    fast = body_fun
     if fast_solver is not None:
-        fast = with_replaced(body_fun, solver, fast_solver)
+        fast = with_replaced(fast, solver, fast_solver) or fast
+    fast = with_replaced(fast, inner_while_loop, first_order_inner_while_loop) or fast
+    if fast is body_fun:
+        fast = None
     if jax.sharding.get_abstract_mesh().manual_axes:
         init_val = _varying_init(body_fun, init_val)
     return outer_while_loop(cond_fun, body_fun, init_val, first_order_body_fun=fast, **kwargs)

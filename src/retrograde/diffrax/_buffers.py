@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from .._jax_private import core, pe
 from ..loops._slots import vary_as
 from ._private import Buffer
 from ._write_once import write_once
@@ -205,7 +206,9 @@ class _RecorderItem:
         return _Recorder(array, rec._pred, None, False, (jnp.asarray(i, jnp.int32), x, pred))
 
 
-def bounded_while_loop(cond_fun, body_fun, init_val, *, max_steps: int, buffers=None, **_):
+def bounded_while_loop(
+    cond_fun, body_fun, init_val, *, max_steps: int, buffers=None, first_order=False, **_
+):
     """``lax.while_loop`` semantics, stopping after ``max_steps`` iterations, differentiable in
     every mode, its memory bounded by ``max_steps`` of *this* loop.
 
@@ -227,6 +230,14 @@ def bounded_while_loop(cond_fun, body_fun, init_val, *, max_steps: int, buffers=
       store the values the body closes over once per iteration when differentiating, while a
       plain ``scan`` hoists such loop-invariant residuals.
 
+    With ``first_order`` (the loop of a step that is only executed or reverse-differentiated
+    once, never transformed further: ``while_loop``'s ``first_order_body_fun``), an integer carry
+    runs as :func:`_replayed_once` instead: the body once per iteration that happens, each
+    evaluating its row, in one ``lax.while_loop``, and a ``custom_vjp`` whose reverse pass is
+    one loop over the same iterations. The body is then traced into the program twice (the loop
+    and its VJP), not once per tier, and evaluates exactly the rows written; neither ``jvp`` nor
+    a second derivative goes through it.
+
     Under ``vmap`` with a batched predicate each element is masked by its own predicate.
     """
     if not isinstance(max_steps, int) or max_steps < 0:
@@ -235,7 +246,7 @@ def bounded_while_loop(cond_fun, body_fun, init_val, *, max_steps: int, buffers=
         return init_val
     loop = _Loop(cond_fun, body_fun, init_val, max_steps, buffers)
     if loop.dyn and not any(jnp.issubdtype(d.dtype, jnp.inexact) for d in loop.dyn):
-        dyn_final, rows = _replayed(loop)
+        dyn_final, rows = _replayed_once(loop) if first_order else _replayed(loop)
     else:
         dyn_final, rows = _masked(loop)
     return loop.finish(dyn_final, rows)
@@ -398,6 +409,105 @@ def _replayed(loop: _Loop):
     tier = jnp.where(most > 0, 1 + sum((most > k).astype(jnp.int32) for k in tiers[:-1]), 0)
     branches = [skip] + [evaluate(k) for k in tiers]
     return dyn_final, jax.lax.switch(tier, branches, seen)
+
+
+def _replayed_once(loop: _Loop):
+    """:func:`_replayed` for a step that is executed or reverse-differentiated, never
+    transformed further: one ``lax.while_loop`` runs the iterations that happen, each writing its
+    row (``loop.step``'s rows, a value and an index) into a stack of ``max_steps`` rows, whose
+    other rows are dropped writes (:meth:`_Loop.no_rows`). Its derivative is a ``custom_vjp``:
+    a loop over the same iterations, each taking the VJP of its row's values in the floats the
+    body closes over (the integer carry has none). Cost: the rows actually written, once
+    forward and once reverse; one copy of the body in each loop."""
+    m = loop.max_steps
+    n_dyn = len(loop.dyn)
+
+    def live(d):
+        return loop.live(list(d))
+
+    def one(d, j):
+        """Iteration ``j`` from carry ``d``: the new carry, the rows' values and indices."""
+        new, rows = loop.step(list(d), True, j)
+        return new, [r[0] for r in rows if r is not None], [r[1] for r in rows if r is not None]
+
+    live_c, live_consts = _hoisted(live, loop.dyn)
+    one_c, one_consts = _hoisted(one, loop.dyn, jnp.int32(0))
+    n_live = len(live_consts)
+    floats = [jnp.issubdtype(jnp.result_type(c), jnp.inexact) for c in one_consts]
+    written = [r is not None for r in loop.row_shapes]
+
+    def run(consts, dyn):
+        cl, cs = consts[:n_live], consts[n_live:]
+        empty = [r for r in loop.no_rows() if r is not None]
+
+        def go_on(c):
+            return (c[0] < m) & live_c(c[1], *cl)
+
+        def advance(c):
+            j, d, seen, vals, idx = c
+            seen = [s.at[j].set(x) for s, x in zip(seen, d)]
+            new, v, i = one_c(d, j, *cs)
+            vals = [a.at[j].set(x) for a, x in zip(vals, v)]
+            idx = [a.at[j].set(x) for a, x in zip(idx, i)]
+            return j + 1, new, seen, vals, idx
+
+        seen0 = [jnp.broadcast_to(d, (m, *d.shape)) for d in dyn]
+        init = (jnp.int32(0), list(dyn), seen0, [v for v, _ in empty], [i for _, i in empty])
+        return jax.lax.while_loop(go_on, advance, init)
+
+    @jax.custom_vjp
+    def rows_loop(consts, dyn):
+        return run(consts, dyn)
+
+    def fwd(consts, dyn):
+        out = run(consts, dyn)
+        return out, (consts, out[0], out[2])
+
+    def bwd(res, ct):
+        consts, n, seen = res
+        cs = consts[n_live:]
+        ct_vals = ct[3]
+
+        diff = [c for c, f in zip(cs, floats) if f]
+
+        def values(d, j, *c):
+            it = iter(c)
+            return one_c(d, j, *[next(it) if f else x for x, f in zip(cs, floats)])[1]
+
+        def back(j, acc):
+            d = [s[j] for s in seen]
+            _, pull = jax.vjp(lambda *c: values(d, j, *c), *diff)
+            return [a + g for a, g in zip(acc, pull([v[j] for v in ct_vals]))]
+
+        acc = iter(jax.lax.fori_loop(0, n, back, [jnp.zeros_like(c) for c in diff]))
+        out = [None] * n_live + [next(acc) if f else None for f in floats]
+        return out, [None] * n_dyn
+
+    rows_loop.defvjp(fwd, bwd)
+    _, dyn_final, _, vals, idx = rows_loop([*live_consts, *one_consts], list(loop.dyn))
+    it = iter(zip(vals, idx))
+    return dyn_final, [next(it) if w else None for w in written]
+
+
+def _hoisted(fun, *example):
+    """``(f, consts)``: ``fun`` traced at ``example``'s types, every value it closes over (traced
+    or not) made an argument, ``f(*args, *consts) == fun(*args)``. (``jax.closure_convert``
+    keeps integer tracers closed over, which a ``custom_vjp``'s reverse rule, traced later, must
+    not see.)"""
+    closed, shape = jax.make_jaxpr(fun, return_shape=True)(*example)
+    jaxpr = pe.convert_constvars_jaxpr(closed.jaxpr)
+    out_tree = jtu.tree_structure(shape)
+    n_args = len(jtu.tree_leaves(example))
+
+    n_consts = len(closed.consts)
+
+    def f(*args_consts):
+        cut = len(args_consts) - n_consts
+        flat = jtu.tree_leaves(args_consts[:cut])
+        assert len(flat) == n_args
+        return jtu.tree_unflatten(out_tree, core.eval_jaxpr(jaxpr, (), *args_consts[cut:], *flat))
+
+    return f, list(closed.consts)
 
 
 def _tiers(m: int) -> list[int]:
