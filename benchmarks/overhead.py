@@ -400,48 +400,18 @@ def case_hvp(repeats, markdown, large=False):
 
 # ------------------------------------------------------------------------------ diffrax
 def case_diffrax(repeats, markdown, large=False):
-    # Imported here: the compile case's processes need neither.
+    # Imported here: the compile case's processes need neither. The problem is issue #33's small
+    # ODE, the one of ``diffrax_adjoints.py --small``.
     import diffrax
-    import equinox as eqx
-    import jax.random as jr
+    from diffrax_adjoints import SMALL_RUNS, small_loss
 
     from retrograde.diffrax import CheckpointAdjoint
 
-    mlp = eqx.nn.MLP(4, 4, 32, 1, activation=jnp.tanh, key=jr.PRNGKey(0))
-    params, static = eqx.partition(mlp, eqx.is_array)
-    # Two oscillators (frequencies 1 and 3) plus the network, so that the adaptive solve keeps
-    # taking steps of the same size.
-    rot = jnp.asarray([[0, 1, 0, 0], [-1, 0, 0, 0], [0, 0, 0, 3], [0, 0, -3, 0]], jnp.float64)
-    y0 = jnp.asarray([1.0, -0.5, 0.25, 0.8])
-    runs = {
-        "1000 constant steps": dict(
-            t1=10.0, dt0=0.01, max_steps=1000, stepsize_controller=diffrax.ConstantStepSize()
-        ),
-        "PIDController(1e-6, 1e-6)": dict(
-            t1=50.0,
-            dt0=0.01,
-            max_steps=4096,
-            stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-6),
-        ),
-    }
+    def make_loss(adjoint, **kw):
+        return small_loss(adjoint, with_steps=True, **kw)[0]
 
-    def make_loss(adjoint, t1, **kw):
-        def loss(p):
-            net = eqx.combine(p, static)
-            sol = diffrax.diffeqsolve(
-                diffrax.ODETerm(lambda t, y, a: rot @ y + 0.1 * net(y)),
-                diffrax.Tsit5(),
-                0.0,
-                t1,
-                y0=y0,
-                saveat=diffrax.SaveAt(ts=jnp.linspace(0.0, t1, 50)),
-                adjoint=adjoint,
-                **kw,
-            )
-            return jnp.mean(sol.ys**2), sol.stats["num_steps"]
-
-        return loss
-
+    params = small_loss(None, **next(iter(SMALL_RUNS.values())))[1]
+    runs = SMALL_RUNS
     targets = []
     for label, kw in runs.items():
         steps = int(jax.jit(make_loss(diffrax.RecursiveCheckpointAdjoint(), **kw))(params)[1])

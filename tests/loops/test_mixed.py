@@ -444,6 +444,12 @@ def _temp(schedule, n, order):
         step = lambda u, _: (u + 0.01 * jnp.sin(theta * u), None)
         return jnp.sum(retrograde.scan(step, u0, None, length=n, schedule=schedule)[0] ** 2)
 
+    return temp_of(loss, order)
+
+
+def temp_of(loss, order="grad"):
+    """XLA's temp bytes of the compiled gradient of ``loss(theta, u0)`` in both (``order``
+    "grad"), or of an HVP in ``u0`` ("hvp"), at ``theta = 0.5`` and ``u0`` of ``D`` ones."""
     program = jax.grad(loss, argnums=(0, 1))
     if order == "hvp":
         program = lambda th, u0: jax.jvp(

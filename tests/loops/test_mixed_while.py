@@ -25,6 +25,7 @@ from retrograde.loops import _pool
 
 from . import _problems as P
 from .test_counts import CALLS, _count
+from .test_mixed import D, temp_of
 
 RTOL = 1e-12
 
@@ -110,8 +111,7 @@ def test_held_first_moves_rows_in_place():
     np.testing.assert_array_equal(out, np.asarray(rows)[order])
 
 
-D = 1000  # carry size (float64)
-CARRY = 8 * D
+CARRY = 8 * D  # the carry's bytes (D float64)
 
 
 def _temp(schedule, n, order="grad"):
@@ -120,16 +120,7 @@ def _temp(schedule, n, order="grad"):
         u = retrograde.while_loop(lambda st: st[0] < n, body, (0, u0), schedule=schedule)[1]
         return jnp.sum(u**2)
 
-    program = jax.grad(loss, argnums=(0, 1))
-    if order == "hvp":
-        program = lambda th, u0: jax.jvp(
-            lambda u: jax.grad(loss, argnums=1)(th, u), (u0,), (jnp.ones_like(u0),)
-        )[1]
-    compiled = jax.jit(program).lower(jnp.float64(0.5), jnp.ones(D)).compile()
-    stats = compiled.memory_analysis()
-    if stats is None or getattr(stats, "temp_size_in_bytes", None) is None:
-        pytest.skip("this backend reports no memory analysis")
-    return stats.temp_size_in_bytes
+    return temp_of(loss, order)
 
 
 def test_memory_is_onlines_and_flat():
