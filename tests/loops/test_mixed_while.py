@@ -25,7 +25,7 @@ from retrograde.loops import _pool
 
 from . import _problems as P
 from .test_counts import CALLS, _count
-from .test_mixed import D, temp_of
+from .test_mixed import D, _solve, temp_of
 
 RTOL = 1e-12
 
@@ -142,3 +142,34 @@ def test_refused_without_a_band_rule():
     naming the argument and the fix."""
     with pytest.raises(ValueError, match=r"retrograde.while_loop: schedule=.*whole data_size"):
         _loss(rs.Online(4, data_size=0.5), THETA, U0, 5)
+
+
+def test_default_is_mixed_where_it_does_less_work():
+    """``schedule=None``: ``Online(16, data_size=d)`` where the step's estimated work with it is
+    lower (``_while.online_default``: an implicit step, whose recorded steps solve again), else
+    ``Online(16)`` (``u + 0.1 sin(0.5 u)``: a record computes ``cos`` only); the callback counts
+    that schedule's evaluations exactly and the gradient is ``jax.lax.fori_loop``'s."""
+    n = 40
+    steps = {
+        "implicit": (lambda u: u + 0.05 * _solve(u), rs.Online(16, data_size=1.0)),
+        "sin": (lambda u: u + 0.1 * jnp.sin(0.5 * u), rs.Online(16)),
+    }
+    for name, (f, schedule) in steps.items():
+
+        def loss(u0, loop, f=f):
+            def body(st):
+                jax.debug.callback(lambda: CALLS.append(1), ordered=False)
+                return st[0] + 1, f(st[1])
+
+            return jnp.sum(loop(body, (jnp.int32(0), u0))[1] ** 2)
+
+        ours = lambda body, init: retrograde.while_loop(lambda st: st[0] < n, body, init)
+        ref = lambda body, init: jax.lax.fori_loop(0, n, lambda i, st: body(st), init)
+        grad = jax.jit(jax.grad(functools.partial(loss, loop=ours)))
+        assert _count(grad, U0) == rs.simulate(schedule, n).evaluations, name
+        want = jax.grad(functools.partial(loss, loop=ref))(U0)
+        P.assert_close(grad(U0), want, RTOL, f"default while_loop for {name}")
+    assert (
+        rs.simulate(rs.Online(16, data_size=1.0), n).evaluations
+        < rs.simulate(rs.Online(16), n).evaluations
+    )

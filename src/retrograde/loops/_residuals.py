@@ -197,6 +197,23 @@ class Work(NamedTuple):
     transpose: float
 
 
+# Mixed is chosen by default only where its estimated work is at most this fraction of
+# Revolve's: its data rows are written and read, and its leaves have more control.
+MIXED_MARGIN = 0.85
+
+
+def mixed_pays(work: Work, n: int, e_mixed: int, e_revolve: int) -> bool:
+    """Whether a mixed schedule making ``e_mixed`` evaluations of ``n`` steps does less work than
+    a state-only one making ``e_revolve``, the step's roles costing ``work``: the state-only
+    schedule's ``(e_revolve - n) A + n R`` against at most ``(e_mixed - n) A + n (L + T)``
+    (every reversed step linearized), within :data:`MIXED_MARGIN`. A recorded step computes only
+    what its VJP needs, so fewer evaluations pay where the residuals cost about what the step
+    does (an implicit solve), not where they are a small part of it."""
+    ours = (e_mixed - n) * work.advance + n * (work.linearize + work.transpose)
+    theirs = (e_revolve - n) * work.advance + n * work.record
+    return e_mixed < e_revolve and ours <= MIXED_MARGIN * theirs
+
+
 # Elementwise primitives that cost many arithmetic operations per element.
 _TRANSCENDENTAL = frozenset(
     "sin cos tan asin acos atan atan2 sinh cosh tanh asinh acosh atanh exp exp2 log log1p expm1 "

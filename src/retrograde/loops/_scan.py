@@ -180,11 +180,6 @@ def _scan(f, init, xs, length, reverse, unroll, schedule, names: Names):
     return tree_util.tree_unflatten(step.pair, [carry, tree_util.tree_unflatten(step.y_tree, ys)])
 
 
-# Mixed is chosen by default only where its estimated work is at most this fraction of
-# Revolve's: its data rows are written and read, and its leaves have more control.
-MIXED_MARGIN = 0.85
-
-
 def mixed_default(body, length: int, revolve):
     """The default schedule for ``body``: ``Mixed(s, d)`` with the slots ``s`` of the default
     ``revolve`` and ``d`` the measured data of one step (its residuals for a first-order
@@ -193,14 +188,9 @@ def mixed_default(body, length: int, revolve):
     where it does less work; else ``revolve``.
 
     Work is estimated from the step's jaxprs (``_residuals.Linearization.work``: ``A`` to
-    advance, ``R`` to record, ``L`` to linearize, ``T`` to transpose from data), with ``E`` the
-    evaluations of each schedule: Revolve's ``(E_r - N) A + N R`` against at most
-    ``(E_m - N) A + N (L + T)`` for ``Mixed`` (every reversed step linearized), which must be
-    within :data:`MIXED_MARGIN` of it. A recorded step computes only what its VJP needs, so
-    ``Mixed``'s fewer evaluations pay where the residuals cost about what the step does (an
-    implicit solve, a step whose derivative needs its whole forward), not where they are a
-    small part of it. ``O(N)`` when tracing (the tables' rows); a ``Mixed`` reversal longer
-    than its rows allow and without an in-graph split stays Revolve's.
+    advance, ``R`` to record, ``L`` to linearize, ``T`` to transpose from data) and compared by
+    ``_residuals.mixed_pays``. ``O(N)`` when tracing (the tables' rows); a ``Mixed`` reversal
+    longer than its rows allow and without an in-graph split stays Revolve's.
     """
     if not isinstance(revolve, Revolve) or length < 3 or not any(body.stored):
         return revolve
@@ -209,12 +199,8 @@ def mixed_default(body, length: int, revolve):
         return revolve
     mixed = Mixed(revolve.snapshots, float(math.ceil(d - 1e-9)))
     lin = residuals.linearization(body, *residuals.every_float(body))
-    work = lin.work()
-    e_m = mixed.evaluations(length)
     e_r = revolve_optimum(length, revolve.snapshots) + length
-    ours = (e_m - length) * work.advance + length * (work.linearize + work.transpose)
-    theirs = (e_r - length) * work.advance + length * work.record
-    if e_m >= e_r or ours > MIXED_MARGIN * theirs:
+    if not residuals.mixed_pays(lin.work(), length, mixed.evaluations(length), e_r):
         return revolve
     try:
         tables = tables_for(mixed, length)

@@ -18,6 +18,7 @@ where the ``Online`` rule's table hands over to the rule) and never in the rever
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
@@ -27,8 +28,9 @@ from jax import tree_util
 from jax.extend.core import Primitive, jaxpr_as_fun
 
 from .._jax_private import ad, core, dispatch, mlir, pe
-from ..schedules import Online, Schedule, check_steps, default_schedule
-from . import _batch_levels, _intern
+from ..schedules import Online, Schedule, check_steps, default_schedule, simulate
+from . import _batch_levels, _intern, _pool
+from . import _residuals as residuals
 from ._body import Body, cut, forward_unchanged, guarded, make_body
 from ._carry import (
     Names,
@@ -179,7 +181,9 @@ def while_loop(
             checkpointing (``Mixed(snapshots, d)``'s tree at its level, ``docs/mixed.md``): never
             more evaluations than ``Online(snapshots)`` in the same temporary memory, the data of
             short segments written into the free snapshot rows (what does not fit there, e.g. an
-            HVP's larger data, in rows of its own).
+            HVP's larger data, in rows of its own). The default takes ``Online(16, data_size=d)``
+            with ``d`` measured from the traced step where its data share the snapshot rows and
+            the step's estimated work is lower with it (:func:`online_default`).
         max_steps: optional cap on the number of steps (as in diffrax).
         buffers: optional ``val -> pytree`` selecting leaves of ``val`` (the same objects) that
             are write-only buffers, e.g. saved outputs: each step may write them
@@ -228,7 +232,8 @@ def named_while_loop(
 ):
     """:func:`while_loop`, with errors worded by ``names`` (``fori_loop`` runs it too)."""
     where = names.where
-    if schedule is None:
+    chosen = schedule is None
+    if chosen:
         schedule = default_schedule(None, online=True)
     if not isinstance(schedule, Online):
         raise ValueError(
@@ -263,6 +268,8 @@ def named_while_loop(
         lambda lp: lp.consts,
     )
     body, cond, consts = loop.body, loop.cond, loop.consts
+    if chosen:
+        schedule = online_default(body, max_steps, schedule)
     flat = convert(flat, loop.dtypes)
     outs = while_fwd_p.bind(
         *consts,
@@ -275,6 +282,41 @@ def named_while_loop(
     )
     outs = forward_unchanged(body, flat, outs[: len(flat)])
     return tree_util.tree_unflatten(loop.tree, with_weak_types(outs, loop.out_avals))
+
+
+# Step counts of a while loop are unknown when tracing: the default's estimate takes
+# ``max_steps``, at most this many.
+ESTIMATE_STEPS = 1000
+
+
+def online_default(body: Body, max_steps, online: Online) -> Online:
+    """The default schedule of a ``while_loop`` of ``body``: ``Online(s, data_size=d)`` with
+    the slots ``s`` of the default ``online`` and ``d`` the measured data of one step (for a
+    gradient in every float leaf, rounded up to whole states), where all of its data share the
+    snapshot buffers (``_pool``), so it takes ``online``'s memory, and where it does less work
+    (``_residuals.mixed_pays``, at ``N = min(max_steps, ESTIMATE_STEPS)``: the step count is
+    unknown when tracing); else ``online``. Costs ``O(N)`` when tracing (two simulations)."""
+    if online.slow is not None or online.data_size is not None or not any(body.stored):
+        return online
+    d = residuals.data_size(body)
+    if not 0 < d <= online.snapshots:
+        return online
+    mixed = Online(online.snapshots, data_size=float(math.ceil(d - 1e-9)))
+    n = ESTIMATE_STEPS if max_steps is None else min(max_steps, ESTIMATE_STEPS)
+    lin = residuals.linearization(body, *residuals.every_float(body))
+    if n < 3 or not residuals.mixed_pays(
+        lin.work(), n, simulate(mixed, n).evaluations, simulate(online, n).evaluations
+    ):
+        return online
+    try:
+        rule = machine_rule(mixed)
+    except ValueError:  # no band rule for these leaf sizes
+        return online
+    plan = _pool.MachinePlan(online.snapshots, rule)
+    pool = _pool.plan(body, plan, lin.stored_avals, rows=online.snapshots)
+    if pool is None or pool.rest:  # some data would not share the snapshot rows
+        return online
+    return mixed
 
 
 class _Loop(NamedTuple):
