@@ -61,7 +61,7 @@ def _decay(theta, t_end, ts=TS):
 
 
 def _decay_ref(theta, t_end, ts=TS):
-    k = jnp.arange(1, ts.shape[0] + 1)
+    k = jnp.arange(1, ts.shape[0] + 1, dtype=ts.dtype)
     return jnp.sum(ts <= t_end), jnp.where(ts <= t_end, 2.0 * jnp.exp(-theta * 0.1 * k), 0.0)
 
 

@@ -80,7 +80,7 @@ def test_derivatives_against_lax():
             out["grad_grad"] = jax.grad(lambda th: jnp.sum(jax.grad(L, argnums=1)(th, u0, n) ** 2))(
                 theta
             )
-            thetas = theta * jnp.array([[1.0], [1.2], [0.8]])
+            thetas = theta[None, :] * jnp.array([[1.0], [1.2], [0.8]])
             out["vmap_grad"] = jax.vmap(lambda th: jax.grad(L, argnums=(0, 1))(th, u0, n))(thetas)
             return out
 
