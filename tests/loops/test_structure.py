@@ -158,9 +158,9 @@ def test_no_kernel_split_in_the_reverse_sweep(schedule):
     """No kernel inside the gradient's loops is split across threads: each trip would hand half
     of it to the thread pool. A DATA leaf's reversal read its pooled data as a slice of the
     flattened snapshot buffer (``f64[44, 2000]``); fused into the VJP's kernel, that kernel was
-    split in two, and ``Mixed(44, 1.0)`` took 40-44 ms against Revolve's 30 (docs/performance.md,
-    "Mixed in the compiled loops"). Compiled only (on a machine with one core nothing is split,
-    and this holds trivially)."""
+    split in two, and ``Mixed(44, 1.0)`` was slower than Revolve (docs/performance.md, "Mixed in
+    the compiled loops"). Compiled only (on a machine with one core nothing is split, and this
+    holds trivially)."""
     sched = {
         "Revolve": retrograde.schedules.Revolve(44),
         "Mixed": retrograde.schedules.Mixed(44, 1.0),
