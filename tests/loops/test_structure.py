@@ -10,6 +10,8 @@ a copy fails here and says where to look (docs/performance.md, "Compile time").
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -135,3 +137,39 @@ def test_size_of_the_machines_step(with_pairs, n_slots):
     held = jnp.full((n_slots,), -1, jnp.int32)
     rule = jax.make_jaxpr(lambda n, h: store_slot(n, h, n_slots))(jnp.int32(9000), held).jaxpr
     assert _equations(rule) == PLACEMENT_EQUATIONS
+
+
+def _split_in_loops(text: str) -> list[str]:
+    """The kernels of loop bodies (at any depth) that XLA's CPU compiler splits across its
+    thread pool (``outer_dimension_partitions`` in the compiled text's backend config)."""
+    bodies = set(re.findall(r"body=%([\w.\-]+)", text))
+    split, inside = [], False
+    for line in text.splitlines():
+        head = re.match(r"%([\w.\-]+) \(", line)
+        if head:
+            inside = head.group(1) in bodies
+        elif inside and "outer_dimension_partitions" in line:
+            split.append(line.split("=")[0].strip())
+    return split
+
+
+@pytest.mark.parametrize("schedule", ["Revolve", "Mixed"])
+def test_no_kernel_split_in_the_reverse_sweep(schedule):
+    """No kernel inside the gradient's loops is split across threads: each trip would hand half
+    of it to the thread pool. A DATA leaf's reversal read its pooled data as a slice of the
+    flattened snapshot buffer (``f64[44, 2000]``); fused into the VJP's kernel, that kernel was
+    split in two, and ``Mixed(44, 1.0)`` was slower than Revolve (docs/performance.md, "Mixed in
+    the compiled loops"). Compiled only (on a machine with one core nothing is split, and this
+    holds trivially)."""
+    sched = {
+        "Revolve": retrograde.schedules.Revolve(44),
+        "Mixed": retrograde.schedules.Mixed(44, 1.0),
+    }
+    step = lambda u, _: (u + 0.01 * jnp.sin(0.5 * u), None)
+
+    def loss(u0):
+        u = retrograde.scan(step, u0, length=200, schedule=sched[schedule])[0]
+        return jnp.sum(u**2)
+
+    text = jax.jit(jax.grad(loss)).lower(jnp.ones(2000)).compile().as_text()
+    assert _split_in_loops(text) == []

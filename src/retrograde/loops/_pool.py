@@ -227,8 +227,22 @@ def read(pool: Pool, slots, level, i):
     pieces = []
     for h, p, q in zip(pool.hosts, pool.p, pool.q):
         start = (level * p + i * q).astype(i32)
-        pieces.append(lax.dynamic_slice(slots[h].reshape(-1), (start,), (q,)))
+        pieces.append(_read_span(slots[h], start, q, p))
     return jnp.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+
+
+def _read_span(buf, start, q: int, p: int):
+    """The ``q`` elements of ``buf`` (rows of ``p`` elements) from element ``start`` of its
+    flattening, read through the window of whole rows :func:`_write_span` writes. A slice of
+    ``buf.reshape(-1)`` fused into the kernel that uses it has XLA's CPU compiler split that
+    kernel across threads (docs/performance.md, "Mixed in the compiled loops")."""
+    if q % p == 0:
+        return lax.dynamic_slice_in_dim(buf, start // p, q // p, 0).reshape(-1)
+    n_rows = buf.shape[0]
+    width = min(q // p + 2, n_rows)
+    first = jnp.clip(start // p, 0, n_rows - width)
+    window = lax.dynamic_slice_in_dim(buf, first, width, 0).reshape(-1)
+    return lax.dynamic_slice(window, (start - first * p,), (q,))
 
 
 def merge(pool: Pool, pooled_row, rest: list, avals) -> list:
