@@ -87,8 +87,8 @@ CASES = {
     "scan-hvp": (lambda: _hvp(_scan_loss), 8, 0),
     "mixed-grad": (lambda: jax.grad(_mixed_loss, (0, 1)), 8, 0),
     "mixed-hvp": (lambda: _hvp(_mixed_loss), 9, 0),
-    "while-grad": (lambda: jax.grad(_while_loss, (0, 1)), 7, 1),
-    "while-hvp": (lambda: _hvp(_while_loss), 10, 1),
+    "while-grad": (lambda: jax.grad(_while_loss, (0, 1)), 6, 1),
+    "while-hvp": (lambda: _hvp(_while_loss), 9, 1),
 }
 
 
