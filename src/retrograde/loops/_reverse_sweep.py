@@ -285,11 +285,13 @@ class StepRunner:
         With ``pairs`` (static), the same loop also runs a ``PAIRS`` leaf's forward part: for
         each two-step segment ``[a, a + 2)``, lowest first, advance from ``u_a`` (in its slot)
         and store ``u_{a+1}``, the last at hand. So the step has one call site for both (one
-        copy in the program). A trip ``j`` evaluates step ``i`` (a leaf's ``first + j``, a
-        ``PAIRS`` leaf's ``start + 2 j``) from the state in slot ``idx[i - start]``, after
-        storing the state at hand: a leaf's ``u_i`` into that slot (so the step reads back what
-        was just stored), a ``PAIRS`` leaf's ``u_{i-1}`` into ``idx[i - 1 - start]`` from its
-        second trip on (a select of the row, a no-op on the first trip)."""
+        copy in the program, not two). Trip ``j`` evaluates step ``i`` (a leaf's ``first + j``,
+        a ``PAIRS`` leaf's ``start + 2 j``) from slot ``idx[i - start]`` after storing the state
+        at hand: a leaf's ``u_i`` into that same slot (the step reads back what was just
+        stored), a ``PAIRS`` leaf's ``u_{i-1}`` into ``idx[i - 1 - start]``, on its first trip
+        ``u_start`` (restored before the loop) into its own slot. Both slots of each trip are
+        read from two ``int32`` vectors made once per leaf, so the loop body holds the leaf
+        loop's store, one row read and the step: no select, no conditional."""
         if not pairs:
             cur = load(slots, act.restore, cur)
 
