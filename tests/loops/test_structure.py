@@ -80,8 +80,8 @@ def _lowered(f):
 #   Mixed HVP: the scan HVP's and the augmented sweep's DATA leaf (1); no lead copy (the
 #     forward lays states only, which the augmented sweep shares with their tangents).
 #   while_loop gradient: the forward sweep's two placement phases (table, rule) (2); the
-#     reverse sweep's four and the PAIRS leaves' forward (5); the machine's step once, in the
-#     executor's moves loop.
+#     reverse sweep's four (4: a PAIRS leaf's forward runs in the leaf's forward loop, one call
+#     site of the step for both); the machine's step once, in the executor's moves loop.
 #   while_loop HVP: the tangent sweep (1) and the augmented sweep's replay of the placement
 #     (2) besides the gradient's; the machine's step once, in the augmented sweep.
 CASES = {
@@ -89,8 +89,8 @@ CASES = {
     "scan-hvp": (lambda: _hvp(_scan_loss), 8, 0),
     "mixed-grad": (lambda: jax.grad(_mixed_loss, (0, 1)), 8, 0),
     "mixed-hvp": (lambda: _hvp(_mixed_loss), 9, 0),
-    "while-grad": (lambda: jax.grad(_while_loss, (0, 1)), 7, 1),
-    "while-hvp": (lambda: _hvp(_while_loss), 10, 1),
+    "while-grad": (lambda: jax.grad(_while_loss, (0, 1)), 6, 1),
+    "while-hvp": (lambda: _hvp(_while_loss), 9, 1),
 }
 
 

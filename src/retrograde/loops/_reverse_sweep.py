@@ -279,31 +279,46 @@ class StepRunner:
         cur = self.advance(cur, act.start, act.stop)
         return cur, store(slots, act.store, cur, self.off, act.stop)
 
-    def leaf_forward(self, act, idx, cur, slots):
-        """A leaf's forward part: store every state from ``first`` on and advance to the last."""
-        cur = load(slots, act.restore, cur)
+    def leaf_forward(self, act, idx, cur, slots, pairs=False):
+        """A leaf's forward part: store every state from ``first`` on and advance to the last.
 
-        def one(i, cs):
+        With ``pairs`` (static), the same loop also runs a ``PAIRS`` leaf's forward part: for
+        each two-step segment ``[a, a + 2)``, lowest first, advance from ``u_a`` (in its slot)
+        and store ``u_{a+1}``, the last at hand. So the step has one call site for both (one
+        copy in the program, not two). Trip ``j`` evaluates step ``i`` (a leaf's ``first + j``,
+        a ``PAIRS`` leaf's ``start + 2 j``) from slot ``idx[i - start]`` after storing the state
+        at hand: a leaf's ``u_i`` into that same slot (the step reads back what was just
+        stored), a ``PAIRS`` leaf's ``u_{i-1}`` into ``idx[i - 1 - start]``, on its first trip
+        ``u_start`` (restored before the loop) into its own slot. Both slots of each trip are
+        read from two ``int32`` vectors made once per leaf, so the loop body holds the leaf
+        loop's store, one row read and the step: no select, no conditional."""
+        if not pairs:
+            cur = load(slots, act.restore, cur)
+
+            def one(i, cs):
+                cur, slots = cs
+                slots = put_row(slots, cur, idx[i - act.start])
+                return self.step(cur, i), slots
+
+            return lax.fori_loop(act.first, act.stop - 1, one, (cur, slots))
+
+        is_pairs = act.kind == machine.PAIRS
+        base = jnp.where(is_pairs, act.start, act.first)
+        stride = jnp.where(is_pairs, 2, 1)
+        w = jnp.where(is_pairs, (act.stop - act.start) // 2, act.stop - 1 - act.first)
+        # Per trip, the slot stored into and the slot the step reads (made once per leaf).
+        k = base - act.start + stride * jnp.arange(idx.shape[0], dtype=i32)
+        reads = idx[jnp.clip(k, 0, idx.shape[0] - 1)]
+        writes = jnp.where(is_pairs, idx[jnp.clip(k - 1, 0, idx.shape[0] - 1)], reads)
+        # A PAIRS leaf starts from u_start, which its first trip stores into its own slot.
+        cur = load(slots, jnp.where(is_pairs, idx[0], act.restore), cur)
+
+        def trip(j, cs):
             cur, slots = cs
-            slots = put_row(slots, cur, idx[i - act.start])
-            return self.step(cur, i), slots
+            slots = put_row(slots, cur, writes[j])
+            return self.step(row(slots, reads[j]), base + stride * j), slots
 
-        return lax.fori_loop(act.first, act.stop - 1, one, (cur, slots))
-
-    def pairs_forward(self, act, idx, cur, slots):
-        """A ``PAIRS`` leaf's forward part (nothing for other actions): for each two-step
-        segment ``[a, a + 2)``, lowest first, advance from ``u_a`` (in its slot) and store
-        ``u_{a+1}``, the last at hand. Each store happens a trip later, as a select (a no-op on
-        the first trip): no conditional in the loop body."""
-
-        def one(p, cs):
-            cur, slots = cs
-            slots = store(slots, jnp.where(p > 0, idx[2 * p - 1], -1), cur)
-            a = act.start + 2 * p
-            return self.step(row(slots, idx[2 * p]), a), slots
-
-        w = jnp.where(act.kind == machine.PAIRS, (act.stop - act.start) // 2, 0)
-        return lax.fori_loop(0, w, one, (cur, slots))
+        return lax.fori_loop(0, w, trip, (cur, slots))
 
     def leaf_records(self, act, idx, cur, slots, kbar, cbar, xbar, with_data=False):
         """A leaf's records, last step first: the last from the state at hand (or its slot, if
@@ -386,11 +401,9 @@ def reverse(
 
     def leaf(act, idx, cur, slots, data, kbar, cbar, xbar):
         act = machine.Action(*act)
-        cur, slots = steps.leaf_forward(act, idx, cur, slots)
+        cur, slots = steps.leaf_forward(act, idx, cur, slots, source.with_pairs)
         if source.with_data:
             cur, slots, data = steps.data_forward(act, cur, slots, data)
-        if source.with_pairs:
-            cur, slots = steps.pairs_forward(act, idx, cur, slots)
         kbar, cbar, xbar = steps.leaf_records(
             act, idx, cur, slots, kbar, cbar, xbar, source.with_data
         )
