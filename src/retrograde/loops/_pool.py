@@ -143,6 +143,13 @@ def _cut(pooled, n_stored: int, hosts, p, stored_avals) -> Pool:
     return Pool(pooled, rest, hosts, p, tuple(q))
 
 
+def shares_all(body: Body, tables: Reversal, stored_avals, rows: int) -> bool:
+    """Whether every stored residual of ``stored_avals`` shares snapshot buffers of ``rows``
+    rows (:func:`plan` pools all of them, none in rows of its own)."""
+    pool = plan(body, tables, stored_avals, rows=rows)
+    return pool is not None and not pool.rest
+
+
 def rows(body: Body, tables: Reversal) -> int:
     """Rows of the snapshot buffers of ``body``'s loop: the machine's slots, and more where a
     ``DATA`` leaf's data (a first-order gradient's: every float leaf differentiated) share
@@ -210,12 +217,11 @@ def _write_span(buf, start, piece, p: int):
     buffer at every trip. The window covers the rows the piece spans: ``q / p`` rows when ``p``
     divides ``q`` (then ``start`` is a multiple of ``p`` and nothing is read), else
     ``ceil(q / p) + 1`` rows, read, updated and written back."""
-    q, n_rows = piece.shape[0], buf.shape[0]
+    q = piece.shape[0]
     if q % p == 0:
         rows = piece.reshape((q // p, *buf.shape[1:]))
         return lax.dynamic_update_slice_in_dim(buf, rows, start // p, 0)
-    width = min(q // p + 2, n_rows)
-    first = jnp.clip(start // p, 0, n_rows - width)
+    first, width = _window(start, q, p, buf.shape[0])
     window = lax.dynamic_slice_in_dim(buf, first, width, 0).reshape(-1)
     window = lax.dynamic_update_slice(window, piece, (start - first * p,))
     return lax.dynamic_update_slice_in_dim(buf, window.reshape((width, *buf.shape[1:])), first, 0)
@@ -238,11 +244,17 @@ def _read_span(buf, start, q: int, p: int):
     kernel across threads (docs/performance.md, "Mixed in the compiled loops")."""
     if q % p == 0:
         return lax.dynamic_slice_in_dim(buf, start // p, q // p, 0).reshape(-1)
-    n_rows = buf.shape[0]
-    width = min(q // p + 2, n_rows)
-    first = jnp.clip(start // p, 0, n_rows - width)
+    first, width = _window(start, q, p, buf.shape[0])
     window = lax.dynamic_slice_in_dim(buf, first, width, 0).reshape(-1)
     return lax.dynamic_slice(window, (start - first * p,), (q,))
+
+
+def _window(start, q: int, p: int, n_rows: int):
+    """``(first, width)``: the ``width = ceil(q / p) + 1`` rows (at most ``n_rows``) from row
+    ``first`` that hold the ``q`` elements from element ``start`` of the flattening of ``n_rows``
+    rows of ``p`` elements (``q`` not a multiple of ``p``)."""
+    width = min(q // p + 2, n_rows)
+    return jnp.clip(start // p, 0, n_rows - width), width
 
 
 def merge(pool: Pool, pooled_row, rest: list, avals) -> list:

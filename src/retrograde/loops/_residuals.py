@@ -100,12 +100,12 @@ class Linearization:
         carry, res = outs[: self.nk], outs[self.n_out :]
         stored = [outs[self.n_out + i] for i in self._stored_at]
         varying = _varying(jaxpr, self.nc)
-        advance = jaxpr_work(jaxpr, carry, varying)
+        transpose = jaxpr_work(self.linear.jaxpr)
         return Work(
-            advance=advance,
-            record=jaxpr_work(jaxpr, res, varying) + jaxpr_work(self.linear.jaxpr),
+            advance=jaxpr_work(jaxpr, carry, varying),
+            record=jaxpr_work(jaxpr, res, varying) + transpose,
             linearize=jaxpr_work(jaxpr, [*carry, *stored], varying),
-            transpose=jaxpr_work(self.linear.jaxpr),
+            transpose=transpose,
         )
 
     def invariants(self, consts) -> list:
@@ -312,6 +312,13 @@ def data_size(body: Body, consts: bool = True) -> float:
     if state == 0:
         return 0.0 if lin.data_bytes == 0 else math.inf
     return lin.data_bytes / state
+
+
+def whole_data_size(body: Body, slots: int) -> float | None:
+    """:func:`data_size` rounded up to whole states (a data size the band rule plans), or
+    ``None`` where the step keeps no data or more than ``slots`` states of it."""
+    d = data_size(body)
+    return float(math.ceil(d - 1e-9)) if 0 < d <= slots else None
 
 
 def measure(f, init, x=None, consts: bool = False) -> float:

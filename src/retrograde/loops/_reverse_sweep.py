@@ -522,13 +522,8 @@ def adjoint(
     def own():
         rows = zeros_after(body.snapshot_avals, (_pool.rows(body, tables),), [*carry_bar, *carry0])
         off = Offload.open(tables.offload) if tables.offload is not None else None
-        data = None
-        if lead:  # the lead leaf's data, linearized as this sweep's leaves are
-            lin = steps.linearization()
-            pool = (
-                _pool.plan(body, tables, lin.stored_avals, rows=rows[0].shape[0]) if rows else None
-            )
-            data = (lin, pool)
+        # the lead leaf's data, linearized in the leaves this sweep differentiates
+        data = _pool.lead(body, tables, steps._masks(), steps.batched) if lead else None
         _, _, own_snaps = forward(
             body,
             tables.length,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
@@ -194,10 +193,10 @@ def mixed_default(body, length: int, revolve):
     """
     if not isinstance(revolve, Revolve) or length < 3 or not any(body.stored):
         return revolve
-    d = residuals.data_size(body)
-    if not 0 < d <= revolve.snapshots:
+    d = residuals.whole_data_size(body, revolve.snapshots)
+    if d is None:
         return revolve
-    mixed = Mixed(revolve.snapshots, float(math.ceil(d - 1e-9)))
+    mixed = Mixed(revolve.snapshots, d)
     lin = residuals.linearization(body, *residuals.every_float(body))
     e_r = revolve_optimum(length, revolve.snapshots) + length
     if not residuals.mixed_pays(lin.work(), length, mixed.evaluations(length), e_r):
@@ -206,9 +205,8 @@ def mixed_default(body, length: int, revolve):
         tables = tables_for(mixed, length)
     except ValueError:  # more macro-actions than the rows allow (no in-graph split)
         return revolve
-    pool = _pool.plan(body, tables, lin.stored_avals, rows=tables.n_slots)
-    if pool is None or pool.rest:  # some data would not share Revolve's rows
-        return revolve
+    if not _pool.shares_all(body, tables, lin.stored_avals, tables.n_slots):
+        return revolve  # some data would not share Revolve's rows
     return mixed
 
 

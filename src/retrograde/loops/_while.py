@@ -18,7 +18,6 @@ where the ``Online`` rule's table hands over to the rule) and never in the rever
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
@@ -298,10 +297,10 @@ def online_default(body: Body, max_steps, online: Online) -> Online:
     unknown when tracing); else ``online``. Costs ``O(N)`` when tracing (two simulations)."""
     if online.slow is not None or online.data_size is not None or not any(body.stored):
         return online
-    d = residuals.data_size(body)
-    if not 0 < d <= online.snapshots:
+    d = residuals.whole_data_size(body, online.snapshots)
+    if d is None:
         return online
-    mixed = Online(online.snapshots, data_size=float(math.ceil(d - 1e-9)))
+    mixed = Online(online.snapshots, data_size=d)
     n = ESTIMATE_STEPS if max_steps is None else min(max_steps, ESTIMATE_STEPS)
     lin = residuals.linearization(body, *residuals.every_float(body))
     if n < 3 or not residuals.mixed_pays(
@@ -313,9 +312,8 @@ def online_default(body: Body, max_steps, online: Online) -> Online:
     except ValueError:  # no band rule for these leaf sizes
         return online
     plan = _pool.MachinePlan(online.snapshots, rule)
-    pool = _pool.plan(body, plan, lin.stored_avals, rows=online.snapshots)
-    if pool is None or pool.rest:  # some data would not share the snapshot rows
-        return online
+    if not _pool.shares_all(body, plan, lin.stored_avals, online.snapshots):
+        return online  # some data would not share the snapshot rows
     return mixed
 
 
